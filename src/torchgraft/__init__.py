@@ -1,0 +1,52 @@
+"""torchgraft: get any PyTorch checkpoint into any model.
+
+Reading never runs code from the file, and reads tensor bytes only when they are asked for::
+
+    import torchgraft as tg
+
+    with tg.open("model.pth") as ckpt:      # any format, any device it was saved on
+        print(ckpt.format, ckpt.saved_devices, ckpt.keys()[:3])
+        weight = ckpt.get("conv1.weight")
+    state_dict = tg.load("model.pth")        # a file saved on cuda:1 loads on a CPU machine
+    print(tg.inspect("model.pth").to_dict())
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .checkpoint import Checkpoint, open
+from .errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    DeviceError,
+    TensorNotFoundError,
+    TorchgraftError,
+    UnknownFormatError,
+    UnsafeCheckpointError,
+    UnsupportedCheckpointError,
+)
+from .inspect import CheckpointInfo, inspect
+from .load import load
+from .meta import TensorMeta
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "DeviceError",
+    "TensorMeta",
+    "TensorNotFoundError",
+    "TorchgraftError",
+    "UnknownFormatError",
+    "UnsafeCheckpointError",
+    "UnsupportedCheckpointError",
+    "inspect",
+    "load",
+    "open",
+]
+
+__version__ = "0.1.0"
+
+logging.getLogger("torchgraft").addHandler(logging.NullHandler())

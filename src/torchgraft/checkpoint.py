@@ -1,0 +1,187 @@
+"""The opened checkpoint: names, metadata and extras at once; tensor bytes on demand."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from .containers import Selection, all_tensors, select_weights
+from .devices import DeviceMap, DeviceSpec
+from .errors import TensorNotFoundError, TorchgraftError, reading
+from .io import Contents, ReadOptions, open_contents
+from .meta import TensorMeta, TensorRef, parse_dtype
+from .wrappers import Wrapper, detect_wrappers
+
+__all__ = ["Checkpoint", "open"]
+
+logger = logging.getLogger("torchgraft")
+
+
+class Checkpoint:
+    """A checkpoint opened for reading; tensors are read only when asked for.
+
+    Use :func:`open` to create one. It works as a context manager, and as a read-only mapping
+    of weight names to tensors (``ckpt[name]``, ``len(ckpt)``, ``name in ckpt``).
+
+    Attributes:
+        path: The file or directory opened.
+        format: The format, e.g. ``"torch-zip"``, ``"safetensors"``, ``"dcp"``, ``"paddle"``.
+        weights_key: Where the weights were found in the saved object (``""`` for the top).
+        model_class: The class of a pickled whole model the weights came from, if any.
+        weight_sets: Every place in the file holding weights, with its tensor count.
+        extras: Everything saved besides the weights, as plain Python data.
+    """
+
+    def __init__(self, contents: Contents, selection: Selection) -> None:
+        self._contents = contents
+        self._weights = selection.weights
+        self.path = contents.path
+        self.format = contents.format
+        self.weights_key = selection.key
+        self.model_class = selection.model_class
+        self.weight_sets = selection.weight_sets
+        self.extras = selection.extras
+        self._all = all_tensors(contents.root)
+
+    def keys(self) -> list[str]:
+        """Return the names of the model weights, in stored order."""
+        return list(self._weights)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._weights
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.get(name)
+
+    def _ref(self, name: str) -> TensorRef:
+        ref = self._weights.get(name)
+        if ref is None:
+            close = difflib.get_close_matches(name, self._weights, n=3)
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise TensorNotFoundError(
+                f"'{name}' is not among the {len(self._weights)} weights of this checkpoint."
+                + hint, path=self.path)
+        return ref
+
+    def meta(self, name: str) -> TensorMeta:
+        """Return a weight's shape, dtype, size and saved device, without reading it.
+
+        Args:
+            name: The weight's name.
+
+        Returns:
+            Its metadata.
+
+        Raises:
+            TensorNotFoundError: If there is no such weight.
+        """
+        return self._ref(name).meta
+
+    def get(self, name: str, device: DeviceSpec = "cpu", *,
+            dtype: torch.dtype | str | None = None) -> torch.Tensor:
+        """Read one weight.
+
+        Args:
+            name: The weight's name.
+            device: Where to put it: ``"cpu"``, ``"cuda:0"``, a :class:`torch.device`, or a
+                mapping from saved devices, e.g. ``{"cuda:1": "cuda:0"}``.
+            dtype: Cast floating-point weights to this dtype; other weights are left as they are.
+
+        Returns:
+            The tensor. On the CPU it may be memory-mapped from the file (copy-on-write).
+
+        Raises:
+            TensorNotFoundError: If there is no such weight.
+            DeviceError: If the device is not available.
+            CorruptCheckpointError: If its bytes are missing or damaged.
+        """
+        ref = self._ref(name)
+        devices = device if isinstance(device, DeviceMap) else DeviceMap(device)
+        return _materialise(ref, name, devices, parse_dtype(dtype) if dtype else None, self.path)
+
+    @property
+    def saved_devices(self) -> set[str]:
+        """Where the checkpoint's tensors lived when saved, e.g. ``{"cuda:1"}``."""
+        return {ref.meta.device for ref in self._all}
+
+    @property
+    def wrappers(self) -> list[Wrapper]:
+        """Training wrappers seen in the weight names (``module.``, ``_orig_mod.``, ``model.``)."""
+        return detect_wrappers(self._weights)
+
+    def items_meta(self) -> list[tuple[str, TensorMeta]]:
+        """Return every weight's name and metadata, in stored order."""
+        return [(name, ref.meta) for name, ref in self._weights.items()]
+
+    def close(self) -> None:
+        """Release the files the checkpoint holds open; tensors already read stay valid."""
+        self._contents.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint {self.format} '{self.path}': {len(self)} weights>"
+
+
+def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dtype | None,
+                 path: Path) -> torch.Tensor:
+    target = devices.target(ref.meta.device, name=name, path=path)
+    with reading(path):
+        tensor = ref.read()
+    if dtype is not None and tensor.is_floating_point():
+        tensor = tensor.to(dtype)
+    return tensor.to(target)
+
+
+def open(path: str | os.PathLike[str], *, unsafe: bool = False,  # noqa: A001
+         weights_key: str | None = None) -> Checkpoint:
+    """Open a checkpoint of any supported format, reading only its metadata.
+
+    Formats: torch.save zip and legacy files (state dicts, training checkpoints, whole pickled
+    models whose classes need not be importable), safetensors, sharded ``*.index.json``
+    checkpoints, torch.distributed.checkpoint directories, PaddlePaddle ``.pdparams`` (no paddle
+    needed), NumPy ``.npy``/``.npz``, and a directory holding one checkpoint.
+
+    Args:
+        path: A checkpoint file or directory.
+        unsafe: Let pickles call globals outside torchgraft's allow-list. This runs code from
+            the file: use it only for files you trust.
+        weights_key: Where the weights are in a training checkpoint (``"state_dict_ema"``);
+            found automatically when ``None``.
+
+    Returns:
+        The opened checkpoint; close it, or use it in a ``with`` block.
+
+    Raises:
+        TorchgraftError: Any failure, naming the file: a subclass says which kind.
+    """
+    location = Path(path)
+    contents = open_contents(location, ReadOptions(unsafe=unsafe))
+    try:
+        selection = select_weights(contents.root, key=weights_key)
+    except TorchgraftError as exc:
+        contents.close()
+        raise exc.located(location) from None
+    logger.debug("opened %s as %s: %d weights under %r", location, contents.format,
+                 len(selection.weights), selection.key)
+    return Checkpoint(contents, selection)
+
+

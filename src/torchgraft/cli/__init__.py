@@ -1,0 +1,1 @@
+"""The ``torchgraft`` command-line tool."""

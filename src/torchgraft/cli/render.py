@@ -1,0 +1,72 @@
+"""Rich rendering of checkpoint summaries."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..inspect import CheckpointInfo
+from ..meta import dtype_name
+
+__all__ = ["human_bytes", "print_info", "print_json"]
+
+
+def human_bytes(n: int) -> str:
+    """Format a byte count, e.g. ``1.0 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def print_json(console: Console, data: Any) -> None:
+    """Print data as JSON, unstyled, for scripts."""
+    console.print_json(json.dumps(data, default=str), highlight=False)
+
+
+def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> None:
+    """Print a checkpoint summary: header facts, totals by dtype, extras, tensor table.
+
+    Args:
+        console: Where to print.
+        info: The summary.
+        limit: Show at most this many tensors; all when ``None``.
+    """
+    t = info.totals
+    console.print(f"[bold]{info.path}[/bold]")
+    facts = [
+        ("format", info.format),
+        ("saved on", ", ".join(info.saved_devices) or "-"),
+        ("wrappers", ", ".join(f"'{w.prefix}' ({w.source})" for w in info.wrappers) or "none"),
+        ("weights", f"{t.tensors} tensors, {t.parameters:,} parameters, {human_bytes(t.bytes)}"
+                    + (f" under '{info.weights_key}'" if info.weights_key else "")),
+    ]
+    if info.model_class:
+        facts.append(("model class", f"{info.model_class} (not imported)"))
+    others = {k: n for k, n in info.weight_sets.items() if k != info.weights_key}
+    if others:
+        facts.append(("other weights", ", ".join(f"'{k}' ({n})" for k, n in others.items())))
+    for key, value in facts:
+        console.print(f"  [cyan]{key:>13}[/cyan]  {value}")
+    if len(info.by_dtype) > 1:
+        for name, totals in info.by_dtype.items():
+            console.print(f"  {'':>13}  {name}: {totals.tensors} tensors, "
+                          f"{totals.parameters:,} parameters, {human_bytes(totals.bytes)}")
+    if info.extras:
+        text = json.dumps(info.extras, default=str)
+        console.print(f"  [cyan]{'extras':>13}[/cyan]  "
+                      f"{text if len(text) <= 300 else text[:297] + '...'}", highlight=False)
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in ("name", "shape", "dtype"):
+        table.add_column(column)
+    shown = info.tensors if limit is None else info.tensors[:limit]
+    for name, meta in shown:
+        table.add_row(name, str(tuple(meta.shape)), dtype_name(meta.dtype))
+    console.print(table)
+    if len(shown) < len(info.tensors):
+        console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")

@@ -1,0 +1,271 @@
+"""Find the model weights inside what was saved, and keep the rest as plain data.
+
+A checkpoint may be a bare state dict, a training checkpoint that nests it
+(``{"epoch": 3, "state_dict": ..., "optimizer": ...}``), a whole pickled model, or a
+Lightning checkpoint. The keys that hold weights are data (:data:`WEIGHT_KEYS`), tried in order.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import TorchgraftError
+from .meta import TensorRef, dtype_name
+from .safe_pickle import PickledObject
+
+__all__ = ["WEIGHT_KEYS", "Selection", "all_tensors", "select_weights", "to_plain"]
+
+# Keys under which training checkpoints keep model weights, most likely first. The EMA copies
+# come last: they are used only when nothing else holds weights, and reported otherwise.
+WEIGHT_KEYS = (
+    "state_dict", "model_state_dict", "model", "net", "network", "module", "model_state",
+    "params", "weights", "generator",
+    "ema", "state_dict_ema", "model_ema", "ema_state_dict", "ema_model", "params_ema",
+)
+_MAX_DEPTH = 4
+
+
+@dataclass
+class Selection:
+    """The weights found in a checkpoint, and everything else.
+
+    Attributes:
+        weights: Tensor name to lazy tensor, in stored order.
+        key: Where the weights were found, e.g. ``"state_dict"``; ``""`` for the top level.
+        model_class: The class of a pickled whole model the weights came from, if any.
+        weight_sets: Every place holding weights, with its tensor count (e.g. the EMA copy).
+        extras: Everything that is not the selected weights, as plain Python data.
+    """
+
+    weights: dict[str, TensorRef]
+    key: str = ""
+    model_class: str | None = None
+    weight_sets: dict[str, int] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_module(obj: Any) -> bool:
+    if not isinstance(obj, PickledObject):
+        return False
+    if _is_script_module(obj):
+        return True
+    attrs = obj.attributes()
+    return isinstance(attrs.get("_parameters"), dict) and isinstance(attrs.get("_modules"), dict)
+
+
+def _is_script_module(obj: Any) -> bool:
+    """A TorchScript module (``torch.jit.save``): its attributes are its tensors and children."""
+    return isinstance(obj, PickledObject) and obj.global_name.startswith("__torch__.")
+
+
+def _module_weights(module: PickledObject, prefix: str, out: dict[str, TensorRef],
+                    seen: set[int]) -> None:
+    """Collect a pickled module's parameters and persistent buffers, named as state_dict does."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    attrs = module.attributes()
+    if _is_script_module(module):
+        for name, value in attrs.items():
+            if isinstance(value, TensorRef):
+                out[prefix + name] = value
+            elif _is_script_module(value):
+                _module_weights(value, f"{prefix}{name}.", out, seen)
+        return
+    for name, value in attrs["_parameters"].items():
+        if isinstance(value, TensorRef):
+            out[prefix + name] = value
+    skip = attrs.get("_non_persistent_buffers_set") or set()
+    for name, value in (attrs.get("_buffers") or {}).items():
+        if isinstance(value, TensorRef) and name not in skip:
+            out[prefix + name] = value
+    for name, child in attrs["_modules"].items():
+        if _is_module(child):
+            _module_weights(child, f"{prefix}{name}.", out, seen)
+
+
+def _weights_of(obj: Any) -> tuple[dict[str, TensorRef], str | None] | None:
+    """The weights ``obj`` holds directly, as a module or a state dict; ``None`` if it is neither."""
+    if _is_module(obj):
+        out: dict[str, TensorRef] = {}
+        _module_weights(obj, "", out, set())
+        return out, obj.global_name
+    if isinstance(obj, dict):
+        tensors = {str(k): v for k, v in obj.items() if isinstance(v, TensorRef)}
+        if tensors and len(tensors) >= len(obj) - len(tensors):
+            return tensors, None
+    return None
+
+
+def _find(obj: Any, path: str, depth: int, found: dict[str, tuple[dict[str, TensorRef],
+                                                                  str | None]]) -> None:
+    """Record every container of weights under ``obj``, in :data:`WEIGHT_KEYS` order."""
+    direct = _weights_of(obj)
+    if direct is not None:
+        found[path] = direct
+        return
+    if not isinstance(obj, dict) or depth >= _MAX_DEPTH:
+        return
+    ordered = [k for k in WEIGHT_KEYS if k in obj] + [k for k in obj if k not in WEIGHT_KEYS]
+    for key in ordered:
+        if isinstance(key, str):
+            _find(obj[key], f"{path}.{key}" if path else key, depth + 1, found)
+
+
+def _lookup(root: Any, key: str) -> Any:
+    node = root
+    for part in key.split(".") if key else []:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def select_weights(root: Any, *, key: str | None = None) -> Selection:
+    """Pick the model weights out of a saved object.
+
+    Args:
+        root: The saved object, with :class:`~torchgraft.meta.TensorRef` leaves.
+        key: Where the weights are, as a dotted path (``"state_dict_ema"``); found when ``None``.
+
+    Returns:
+        The selection.
+
+    Raises:
+        TorchgraftError: If ``key`` does not lead to weights.
+    """
+    found: dict[str, tuple[dict[str, TensorRef], str | None]] = {}
+    _find(root, "", 0, found)
+    if key is not None:
+        chosen = _weights_of(_lookup(root, key))
+        if chosen is None:
+            available = ", ".join(repr(k) for k in found) or "none"
+            raise TorchgraftError(f"'{key}' does not hold weights; weight sets found: {available}")
+        found.setdefault(key, chosen)
+    elif not found and isinstance(root, TensorRef):
+        found[""] = ({"tensor": root}, None)
+    chosen_key = key if key is not None else next(iter(found), "")
+    weights, model_class = found.get(chosen_key, ({}, None))
+    return Selection(
+        weights=weights,
+        key=chosen_key,
+        model_class=model_class,
+        weight_sets={k: len(w) for k, (w, _cls) in found.items()},
+        extras=_extras(root, chosen_key, set(map(id, weights.values()))),
+    )
+
+
+def _extras(root: Any, key: str, used: set[int]) -> dict[str, Any]:
+    """Everything outside the chosen weights, as plain data."""
+    if isinstance(root, TensorRef) or (key == "" and _is_module(root)):
+        return {}
+    if not isinstance(root, dict):
+        return {"object": to_plain(root)}
+    return _rest(root, key.split(".") if key else [], used)
+
+
+def _rest(obj: dict[Any, Any], key_parts: list[str], used: set[int]) -> dict[str, Any]:
+    """``obj`` as plain data, without the weights at ``key_parts`` and without used tensors."""
+    out: dict[str, Any] = {}
+    for name, value in obj.items():
+        if key_parts and name == key_parts[0]:
+            if isinstance(value, dict):
+                rest = _rest(value, key_parts[1:], used)
+                if rest:
+                    out[str(name)] = rest
+            continue
+        if isinstance(value, TensorRef) and id(value) in used:
+            continue
+        out[str(name)] = to_plain(value)
+    return out
+
+
+def to_plain(obj: Any, _seen: frozenset[int] = frozenset()) -> Any:
+    """Turn saved data into plain Python: tensors become short descriptions.
+
+    Optimizer states are summarised (their per-parameter tensors are not listed), pickled
+    objects become dicts with a ``"__class__"`` entry, and cycles are cut.
+
+    Args:
+        obj: The saved data.
+
+    Returns:
+        JSON-ready data (dict keys may be ints).
+    """
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if id(obj) in _seen:
+        return "<cycle>"
+    seen = _seen | {id(obj)}
+    if isinstance(obj, TensorRef):
+        return obj.meta.describe()
+    if isinstance(obj, (bytes, bytearray)):
+        return f"<{len(obj)} bytes>"
+    if isinstance(obj, torch.dtype):
+        return dtype_name(obj)
+    if isinstance(obj, (torch.device, torch.layout, torch.memory_format, complex)):
+        return str(obj)
+    if isinstance(obj, (datetime.date, datetime.time, datetime.timedelta)):
+        return str(obj)
+    if isinstance(obj, dict):
+        if {"state", "param_groups"} <= obj.keys():
+            return _optimizer_summary(obj, seen)
+        return {(k if isinstance(k, (str, int)) else str(k)): to_plain(v, seen)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_plain(v, seen) for v in obj]
+    if isinstance(obj, PickledObject):
+        if _is_module(obj):
+            weights = _weights_of(obj)
+            count = len(weights[0]) if weights else 0
+            return f"<module {obj.global_name} with {count} tensors>"
+        plain: dict[str, Any] = {"__class__": obj.global_name}
+        plain.update({str(k): to_plain(v, seen) for k, v in obj.attributes().items()})
+        if obj.items:
+            plain["items"] = to_plain(obj.items, seen)
+        if obj.list_items:
+            plain["list"] = to_plain(obj.list_items, seen)
+        return plain
+    return repr(obj)
+
+
+def _optimizer_summary(state_dict: dict[str, Any], seen: frozenset[int]) -> dict[str, Any]:
+    tensors = all_tensors(state_dict["state"])
+    groups = state_dict.get("param_groups")
+    return {
+        "param_groups": to_plain(groups, seen),
+        "state": f"<optimizer state for {len(state_dict['state'] or {})} parameters: "
+                 f"{len(tensors)} tensors, {sum(t.meta.nbytes for t in tensors)} bytes>",
+    }
+
+
+def all_tensors(obj: Any) -> list[TensorRef]:
+    """Every tensor anywhere in a saved object, each once.
+
+    Args:
+        obj: The saved object.
+
+    Returns:
+        The tensors, in the order first met.
+    """
+    out: dict[int, TensorRef] = {}
+    stack = [obj]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, TensorRef):
+            out.setdefault(id(node), node)
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            stack.extend(reversed(list(node)))
+        elif isinstance(node, PickledObject):
+            stack.extend([node.state, *node.args, *node.items.values(), *node.list_items])
+    return list(out.values())

@@ -1,0 +1,161 @@
+"""Example checkpoints for the seed scenarios, written by the real libraries for the demo."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import sys
+import types
+import warnings
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["Example", "LeNet", "write_examples"]
+
+
+class LeNet(nn.Module):
+    """The LeNet of the seed documents: 3x32x32 input, 10 classes."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(400, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Classify a batch of 3x32x32 images."""
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc3(torch.relu(self.fc2(x)))
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example checkpoint.
+
+    Attributes:
+        title: A one-line description.
+        problem: The problem from the seed documents that it shows.
+        path: Where it was written.
+        expect_refusal: True for the file that must be refused (a code payload).
+    """
+
+    title: str
+    problem: str
+    path: Path
+    expect_refusal: bool = False
+
+
+class _Payload:
+    """A pickle payload that would print if unpickled naively: torchgraft refuses it."""
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("this payload ran: the loader executed code from the file",))
+
+
+def _save_on(device: str, obj: object, path: Path, **kwargs: object) -> None:
+    """``torch.save`` as if the tensors lived on ``device`` (no GPU needed)."""
+    with mock.patch("torch.serialization.location_tag", return_value=device):
+        torch.save(obj, path, **kwargs)  # type: ignore[arg-type]
+
+
+def _whole_model_unimportable(model: nn.Module, path: Path) -> None:
+    """``torch.save(model)`` with the class in a module that no longer exists afterwards."""
+    module = types.ModuleType("my_lab_models")
+    cls = type("LeNet", (LeNet,), {"__module__": "my_lab_models"})
+    module.LeNet = cls  # type: ignore[attr-defined]
+    sys.modules["my_lab_models"] = module
+    try:
+        clone = cls()
+        clone.load_state_dict(model.state_dict())
+        torch.save(clone, path)
+    finally:
+        del sys.modules["my_lab_models"]
+
+
+def _sharded(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    names = list(state)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:]), start=1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        save_file({n: state[n].contiguous() for n in part}, directory / shard)
+        weight_map.update(dict.fromkeys(part, shard))
+    index = directory / "model.safetensors.index.json"
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return index
+
+
+def _dcp(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": dict(state), "step": 1200}, checkpoint_id=str(directory))
+    return directory
+
+
+def write_examples(directory: Path) -> list[Example]:
+    """Write one checkpoint per seed scenario into ``directory``.
+
+    Args:
+        directory: An existing, empty folder.
+
+    Returns:
+        The examples, in the order the demo shows them.
+    """
+    torch.manual_seed(0)
+    model = LeNet()
+    state = model.state_dict()
+    d = directory
+    _save_on("cuda:1", nn.DataParallel(model).state_dict(), d / "dataparallel_cuda1.pth")
+    torch.save({"epoch": 12, "best_acc": 0.913, "arch": "lenet",
+                "state_dict": nn.DataParallel(model).state_dict(),
+                "optimizer": torch.optim.SGD(model.parameters(), lr=0.01,
+                                             momentum=0.9).state_dict()},
+               d / "myfile.pth.tar")
+    _save_on("cuda:0", state, d / "from_pytorch_1_7_legacy.pth",
+             _use_new_zipfile_serialization=False)
+    _whole_model_unimportable(model, d / "whole_model.pt")
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in state.items()}, d / "lenet.safetensors",
+              metadata={"format": "pt"})
+    index = _sharded(state, d / "sharded")
+    dcp_dir = _dcp(state, d / "dcp_checkpoint")
+    shutil.copyfile(str(resources.files("torchgraft") / "examples" / "lenet_bn.pdparams"),
+                    d / "lenet_bn.pdparams")
+    np.savez(d / "lenet.npz", **{k: v.numpy() for k, v in state.items()})
+    with (d / "payload.pkl").open("wb") as f:
+        pickle.dump({"conv1.weight": state["conv1.weight"].numpy(), "hook": _Payload()}, f)
+    return [
+        Example("DataParallel state dict saved on cuda:1", "seeds 000-003: 'module.' prefixes; "
+                "'Attempting to deserialize object on a CUDA device'", d / "dataparallel_cuda1.pth"),
+        Example("training checkpoint (epoch, state_dict, optimizer)",
+                "seed 003: myfile.pth.tar with nested weights", d / "myfile.pth.tar"),
+        Example("legacy (non-zip) file from a GPU", "seed 004: files for PyTorch < 1.6",
+                d / "from_pytorch_1_7_legacy.pth"),
+        Example("whole pickled model whose class is gone", "seed 003: torch.load(path) of a "
+                "whole model fails without its code", d / "whole_model.pt"),
+        Example("safetensors", "weights from the Hugging Face world", d / "lenet.safetensors"),
+        Example("sharded safetensors with an index", "sharded checkpoints", index),
+        Example("torch.distributed.checkpoint directory", "seed 004: multi-GPU runs", dcp_dir),
+        Example("PaddlePaddle .pdparams (paddle not needed)", "seed 004: paddle weights to "
+                "PyTorch", d / "lenet_bn.pdparams"),
+        Example("NumPy .npz", "weights kept as arrays", d / "lenet.npz"),
+        Example("pickle with a code payload", "safety: opening never runs code from the file",
+                d / "payload.pkl", expect_refusal=True),
+    ]

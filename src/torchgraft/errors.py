@@ -1,0 +1,124 @@
+"""The exception hierarchy: every error torchgraft raises is a :class:`TorchgraftError`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "DeviceError",
+    "TensorNotFoundError",
+    "TorchgraftError",
+    "UnknownFormatError",
+    "UnsafeCheckpointError",
+    "UnsupportedCheckpointError",
+    "reading",
+]
+
+
+class TorchgraftError(Exception):
+    """Base class of every error torchgraft raises.
+
+    Args:
+        message: What went wrong and how to fix it.
+        path: The file or directory concerned, if any; it is named first in the message.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None) -> None:
+        self.path = str(path) if path is not None else None
+        self.message = message
+        super().__init__(f"{self.path}: {message}" if self.path else message)
+
+    def located(self, path: str | Path) -> TorchgraftError:
+        """Name ``path`` in the message if no file is named yet.
+
+        Args:
+            path: The file being read when the error happened.
+
+        Returns:
+            This error.
+        """
+        if self.path is None:
+            self.path = str(path)
+            self.args = (f"{self.path}: {self.message}",)
+        return self
+
+
+class CheckpointNotFoundError(TorchgraftError):
+    """The path does not exist, or a directory holds no checkpoint."""
+
+
+class UnknownFormatError(TorchgraftError):
+    """The file is not in any format torchgraft reads."""
+
+
+class CorruptCheckpointError(TorchgraftError):
+    """The file claims a known format but its contents are broken or truncated."""
+
+
+class UnsupportedCheckpointError(TorchgraftError):
+    """The file is valid but holds something torchgraft does not read yet."""
+
+
+class UnsafeCheckpointError(TorchgraftError):
+    """Reading the file would execute code that is not on the allow-list.
+
+    Args:
+        global_name: The dotted name of the refused global, e.g. ``"posix.system"``.
+        path: The file that asked for it.
+    """
+
+    def __init__(self, global_name: str, *, path: str | Path | None = None) -> None:
+        self.global_name = global_name
+        super().__init__(
+            f"refused to call '{global_name}' while unpickling: it is not on torchgraft's "
+            "allow-list of what checkpoints need, and calling it could run arbitrary code. "
+            "If you trust this file, pass unsafe=True (CLI: --unsafe).",
+            path=path,
+        )
+
+
+class TensorNotFoundError(TorchgraftError, KeyError):
+    """A tensor name that is not in the checkpoint.
+
+    It is also a :class:`KeyError`, so ``ckpt[name]`` behaves like a mapping.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class DeviceError(TorchgraftError):
+    """A requested device does not exist here, or a device mapping is incomplete."""
+
+
+@contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """Turn any failure while reading ``path`` into a :class:`TorchgraftError` naming it.
+
+    Errors of ours get the path if they lack one; anything else (``KeyError``,
+    ``struct.error``, ``EOFError``, ``MemoryError``...) becomes a
+    :class:`CorruptCheckpointError`.
+
+    Args:
+        path: The file or directory being read.
+
+    Yields:
+        Nothing; the body is guarded.
+
+    Raises:
+        TorchgraftError: For any failure in the body.
+    """
+    try:
+        yield
+    except TorchgraftError as exc:
+        raise exc.located(path) from exc.__cause__
+    except RecursionError:
+        raise CorruptCheckpointError("its structure nests too deeply", path=path) from None
+    except Exception as exc:
+        raise CorruptCheckpointError(
+            f"the file is truncated or malformed ({type(exc).__name__}: {exc})", path=path
+        ) from exc

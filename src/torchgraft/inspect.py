@@ -1,0 +1,109 @@
+"""``tg.inspect``: what a checkpoint holds, from its metadata alone."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import open as open_checkpoint
+from .meta import TensorMeta, dtype_name
+from .wrappers import Wrapper
+
+__all__ = ["CheckpointInfo", "DtypeTotals", "inspect"]
+
+
+@dataclass
+class DtypeTotals:
+    """Totals for the tensors of one dtype (or of all dtypes).
+
+    Attributes:
+        tensors: Number of tensors.
+        parameters: Number of elements.
+        bytes: Size of their data.
+    """
+
+    tensors: int = 0
+    parameters: int = 0
+    bytes: int = 0
+
+    def add(self, meta: TensorMeta) -> None:
+        """Count one more tensor."""
+        self.tensors += 1
+        self.parameters += meta.numel
+        self.bytes += meta.nbytes
+
+
+@dataclass
+class CheckpointInfo:
+    """A summary of a checkpoint's weights, read from metadata only.
+
+    Attributes:
+        path: The file or directory.
+        format: The format's name.
+        tensors: Each weight's name and metadata, in stored order.
+        saved_devices: Where the tensors lived when saved.
+        wrappers: Training wrappers seen in the weight names, outermost first.
+        weights_key: Where the weights were found (``""`` for the top level).
+        model_class: The class of a pickled whole model, if the weights came from one.
+        weight_sets: Every place in the file holding weights, with its tensor count.
+        extras: Everything saved besides the weights, as plain data.
+        totals: Totals over all weights.
+        by_dtype: Totals per dtype name.
+    """
+
+    path: str
+    format: str
+    tensors: list[tuple[str, TensorMeta]]
+    saved_devices: list[str]
+    wrappers: list[Wrapper]
+    weights_key: str
+    model_class: str | None
+    weight_sets: dict[str, int]
+    extras: dict[str, Any]
+    totals: DtypeTotals = field(default_factory=DtypeTotals)
+    by_dtype: dict[str, DtypeTotals] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the summary as JSON-ready data."""
+        return {
+            "path": self.path,
+            "format": self.format,
+            "saved_devices": self.saved_devices,
+            "wrappers": [{"prefix": w.prefix, "source": w.source} for w in self.wrappers],
+            "weights_key": self.weights_key,
+            "model_class": self.model_class,
+            "weight_sets": self.weight_sets,
+            "totals": vars(self.totals),
+            "by_dtype": {k: vars(v) for k, v in self.by_dtype.items()},
+            "extras": self.extras,
+            "tensors": [{"name": name, **meta.to_dict()} for name, meta in self.tensors],
+        }
+
+
+def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
+            weights_key: str | None = None) -> CheckpointInfo:
+    """Summarise a checkpoint without reading its tensor data.
+
+    Args:
+        path: A checkpoint file or directory.
+        unsafe: Let pickles call globals outside the allow-list (runs code from the file).
+        weights_key: Where the weights are in a training checkpoint; found when ``None``.
+
+    Returns:
+        The summary: format, saved devices, wrappers, totals by dtype, extras, tensor table.
+
+    Raises:
+        TorchgraftError: Any failure, naming the file.
+    """
+    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key) as ckpt:
+        info = CheckpointInfo(
+            path=str(ckpt.path), format=ckpt.format, tensors=ckpt.items_meta(),
+            saved_devices=sorted(ckpt.saved_devices), wrappers=ckpt.wrappers,
+            weights_key=ckpt.weights_key, model_class=ckpt.model_class,
+            weight_sets=ckpt.weight_sets, extras=ckpt.extras,
+        )
+    for _name, meta in info.tensors:
+        info.totals.add(meta)
+        info.by_dtype.setdefault(dtype_name(meta.dtype), DtypeTotals()).add(meta)
+    return info

@@ -1,0 +1,153 @@
+"""torch.distributed.checkpoint (DCP) directories: a ``.metadata`` pickle and ``*.distcp`` files.
+
+``.metadata`` (read with the safe unpickler) gives every tensor's global shape, dtype and
+chunks, and where each chunk is stored: a byte range of a ``.distcp`` file holding a
+``torch.save`` archive of that chunk. Opening reads only ``.metadata`` and the small non-tensor
+entries; reading a tensor assembles it from its chunks, whichever rank wrote them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef
+from ..safe_pickle import PickledObject, safe_load
+from .base import Contents, Format, ReadOptions
+from .source import FileSource
+from .torch_zip import read_blob
+
+__all__ = ["FORMAT"]
+
+_METADATA = ".metadata"
+
+
+def _claims(path: Path) -> bool:
+    return (path / _METADATA).is_file()
+
+
+def _attrs(obj: Any, kind: str, path: Path) -> dict[str, Any]:
+    if not isinstance(obj, PickledObject) or not obj.global_name.endswith(kind):
+        raise CorruptCheckpointError(f"expected a {kind} record, found {obj!r:.80}", path=path)
+    return obj.attributes()
+
+
+class _Storage:
+    """Where each item's bytes are: (fqn, chunk offset) to (file, offset, length)."""
+
+    def __init__(self, directory: Path, storage_data: Any, metadata_path: Path) -> None:
+        self.directory = directory
+        self.sources: dict[str, FileSource] = {}
+        self.items: dict[tuple[str, tuple[int, ...] | None], tuple[FileSource, int, int]] = {}
+        if not isinstance(storage_data, dict):
+            raise CorruptCheckpointError("storage_data is not a mapping", path=metadata_path)
+        for index, info in storage_data.items():
+            where = _attrs(index, "MetadataIndex", metadata_path)
+            item = _attrs(info, "_StorageInfo", metadata_path)
+            if item.get("transform_descriptors"):
+                raise UnsupportedCheckpointError(
+                    f"'{where['fqn']}' is stored with transforms {item['transform_descriptors']}",
+                    path=metadata_path)
+            offset = where.get("offset")
+            key = (str(where["fqn"]), tuple(offset) if offset is not None else None)
+            source = self._source(str(item["relative_path"]), metadata_path)
+            source.check_range(int(item["offset"]), int(item["length"]), what=f"'{key[0]}'")
+            self.items[key] = (source, int(item["offset"]), int(item["length"]))
+
+    def _source(self, relative: str, metadata_path: Path) -> FileSource:
+        if relative not in self.sources:
+            file = self.directory / relative
+            if self.directory.resolve() not in file.resolve().parents or not file.is_file():
+                raise CorruptCheckpointError(
+                    f"data file '{relative}' named by .metadata is missing", path=metadata_path)
+            self.sources[relative] = FileSource(file)
+        return self.sources[relative]
+
+    def blob(self, fqn: str, offset: tuple[int, ...] | None) -> tuple[bytes, str]:
+        """Return the stored bytes of one item, and a name for it in errors."""
+        where = self.items.get((fqn, offset))
+        if where is None:
+            raise CorruptCheckpointError(f"no stored data for '{fqn}' at offset {offset}",
+                                         path=self.directory / _METADATA)
+        source, start, length = where
+        return source.read(start, length, what=f"'{fqn}'"), f"{source.name}[{start}:+{length}]"
+
+
+def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
+            metadata_path: Path) -> TensorRef:
+    properties = entry["properties"]
+    state = properties.state if isinstance(properties, PickledObject) else None
+    dtype = state[0] if isinstance(state, tuple) else properties.attributes().get("dtype")
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptCheckpointError(f"'{fqn}' has no dtype", path=metadata_path)
+    size = tuple(int(d) for d in entry["size"])
+    chunks = []
+    for chunk in entry["chunks"]:
+        c = _attrs(chunk, "ChunkStorageMetadata", metadata_path)
+        chunks.append((tuple(int(o) for o in c["offsets"]), tuple(int(s) for s in c["sizes"])))
+        if (fqn, chunks[-1][0]) not in storage.items:
+            raise CorruptCheckpointError(f"chunk {chunks[-1][0]} of '{fqn}' has no stored data",
+                                         path=metadata_path)
+
+    def read() -> torch.Tensor:
+        out = torch.empty(size, dtype=dtype)
+        for offsets, sizes in chunks:
+            data, name = storage.blob(fqn, offsets)
+            part = read_blob(data, name=name, unsafe=unsafe)
+            if not isinstance(part, TensorRef) or part.meta.shape != sizes:
+                raise CorruptCheckpointError(f"chunk {offsets} of '{fqn}' is not a {sizes} tensor",
+                                             path=name)
+            target = out
+            for dim, (start, length) in enumerate(zip(offsets, sizes, strict=True)):
+                target = target.narrow(dim, start, length)
+            target.copy_(part.read())
+        return out
+
+    return TensorRef(TensorMeta.of(size, dtype), read)
+
+
+def _nest(flat: dict[str, Any], planner_data: Any) -> dict[str, Any]:
+    """Undo DCP's flattening of nested state dicts, using the saved key paths."""
+    if not isinstance(planner_data, dict):
+        return flat
+    root: dict[str, Any] = {}
+    for fqn, value in flat.items():
+        path = planner_data.get(fqn)
+        if not isinstance(path, tuple) or not path or not all(isinstance(p, str) for p in path):
+            root[fqn] = value
+            continue
+        node = root
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                node = {}
+                break
+            node = child
+        node[path[-1]] = value
+    return root
+
+
+def _open(path: Path, options: ReadOptions) -> Contents:
+    metadata_path = path / _METADATA
+    with metadata_path.open("rb") as f:
+        metadata = _attrs(safe_load(f, path=str(metadata_path)), "Metadata", metadata_path)
+    storage = _Storage(path, metadata.get("storage_data"), metadata_path)
+    entries = metadata.get("state_dict_metadata")
+    if not isinstance(entries, dict):
+        raise CorruptCheckpointError("state_dict_metadata is not a mapping", path=metadata_path)
+    flat: dict[str, Any] = {}
+    for fqn, item in entries.items():
+        if isinstance(item, PickledObject) and item.global_name.endswith("BytesStorageMetadata"):
+            data, name = storage.blob(fqn, None)
+            flat[fqn] = read_blob(data, name=name, unsafe=options.unsafe)
+        else:
+            entry = _attrs(item, "TensorStorageMetadata", metadata_path)
+            flat[fqn] = _tensor(fqn, entry, storage, options.unsafe, metadata_path)
+    root = _nest(flat, metadata.get("planner_data"))
+    return Contents("dcp", path, root, [s.close for s in storage.sources.values()])
+
+
+FORMAT = Format(name="dcp", open=_open, claims_directory=_claims)

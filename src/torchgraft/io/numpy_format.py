@@ -1,0 +1,112 @@
+"""NumPy ``.npy`` and ``.npz`` files, read without ``allow_pickle``.
+
+An ``.npy`` header gives shape and dtype; the data follows it and is memory-mapped. An ``.npz``
+is a zip of ``.npy`` members; stored members are memory-mapped in place, compressed ones are
+decompressed when read.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
+from .base import Contents, Format, ReadOptions
+from .source import ByteSource, FileSource, MemorySource, strided
+from .torch_zip import first_zip_entry, zip_data_offset
+
+__all__ = ["NPY_FORMAT", "NPZ_FORMAT"]
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _header(stream: IO[bytes], name: str, source: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"array '{name}' has a malformed header: {exc}",
+                                     path=source) from None
+    if dtype.hasobject:
+        raise UnsupportedCheckpointError(
+            f"array '{name}' holds Python objects, which can only be read by unpickling; "
+            "torchgraft reads numeric arrays only", path=source)
+    return tuple(int(d) for d in shape), bool(fortran), dtype
+
+
+def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran: bool,
+               dtype: np.dtype[Any], name: str) -> TensorRef:
+    """A lazy tensor over an array's raw bytes at ``offset`` in ``source``."""
+    torch_dtype = torch_dtype_of_numpy(dtype)
+    if torch_dtype is None:
+        raise UnsupportedCheckpointError(f"array '{name}' has dtype {dtype}, which torch lacks",
+                                         path=source.name)
+    nbytes = math.prod(shape) * dtype.itemsize
+    source.check_range(offset, nbytes, what=f"array '{name}'")
+    order = "F" if fortran else "C"
+    strides = _element_strides(shape, fortran)
+
+    def read() -> torch.Tensor:
+        if dtype.isnative:
+            flat = source.array(offset, nbytes, torch_dtype, what=f"array '{name}'")
+            return strided(flat, shape, strides, 0, what=name, source=source.name)
+        raw = np.frombuffer(source.read(offset, nbytes), dtype=dtype).reshape(shape, order=order)
+        return torch.from_numpy(raw.astype(dtype.newbyteorder("=")))
+
+    return TensorRef(TensorMeta.of(shape, torch_dtype), read)
+
+
+def _element_strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...]:
+    strides = [0] * len(shape)
+    step = 1
+    for dim in (range(len(shape)) if fortran else reversed(range(len(shape)))):
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(strides)
+
+
+def _open_npy(path: Path, options: ReadOptions) -> Contents:
+    source = FileSource(path)
+    with path.open("rb") as f:
+        shape, fortran, dtype = _header(f, path.stem, str(path))
+        offset = f.tell()
+    root = {path.stem: _array_ref(source, offset, shape, fortran, dtype, path.stem)}
+    return Contents("numpy", path, root, [source.close])
+
+
+def _open_npz(path: Path, options: ReadOptions) -> Contents:
+    source = FileSource(path)
+    root: dict[str, Any] = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name = info.filename.removesuffix(".npy")
+            with archive.open(info) as member:
+                shape, fortran, dtype = _header(member, name, str(path))
+                header_size = member.tell()  # type: ignore[attr-defined]
+            if info.compress_type == zipfile.ZIP_STORED:
+                offset = zip_data_offset(source, info) + header_size
+                root[name] = _array_ref(source, offset, shape, fortran, dtype, name)
+            else:
+                data = archive.read(info)
+                root[name] = _array_ref(MemorySource(data, f"{path}:{info.filename}"),
+                                        header_size, shape, fortran, dtype, name)
+    return Contents("numpy", path, root, [source.close])
+
+
+def _npz_magic(head: bytes) -> bool:
+    name = first_zip_entry(head)
+    return name is not None and name.endswith(".npy")
+
+
+NPY_FORMAT = Format(name="numpy", open=_open_npy, suffixes=(".npy",),
+                    magic=lambda head: head.startswith(_NPY_MAGIC))
+NPZ_FORMAT = Format(name="numpy", open=_open_npz, suffixes=(".npz",), magic=_npz_magic)

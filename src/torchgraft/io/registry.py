@@ -1,0 +1,132 @@
+"""The format registry: sniff magic bytes first, then suffixes; resolve directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnknownFormatError, reading
+from .base import Contents, Format, ReadOptions
+
+__all__ = ["detect", "formats", "open_contents", "register"]
+
+_FORMATS: list[Format] = []
+_HEAD_BYTES = 512
+
+# A directory holding several checkpoint files opens the first of these that it has
+# (the names transformers and timm write).
+_PREFERRED_NAMES = (
+    "model.safetensors.index.json", "model.safetensors",
+    "pytorch_model.bin.index.json", "pytorch_model.bin",
+    "open_clip_model.safetensors", "open_clip_pytorch_model.bin",
+)
+
+
+def register(fmt: Format) -> None:
+    """Add a format; formats registered earlier are sniffed first.
+
+    Args:
+        fmt: The format.
+    """
+    _FORMATS.append(fmt)
+
+
+def formats() -> tuple[Format, ...]:
+    """Return the registered formats, in sniffing order."""
+    return tuple(_FORMATS)
+
+
+def _by_suffix(path: Path) -> Format | None:
+    name = path.name.lower()
+    matches = [(len(s), f) for f in _FORMATS for s in f.suffixes if name.endswith(s)]
+    return max(matches, key=lambda m: m[0])[1] if matches else None
+
+
+def _checkpoint_in(directory: Path) -> Path:
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    candidates = [p for p in files if _by_suffix(p) is not None]
+    indexes = [p for p in candidates if p.name.endswith(".index.json")]
+    if indexes:
+        covered = {directory / n for n in _shard_names(indexes)}
+        candidates = [p for p in candidates if p not in covered]
+    for name in _PREFERRED_NAMES:
+        if directory / name in candidates:
+            return directory / name
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        known = sorted({s for f in _FORMATS for s in f.suffixes})
+        raise CheckpointNotFoundError(
+            f"the directory holds no checkpoint: no file ends with {', '.join(known)}, and it is "
+            "not a torch.distributed.checkpoint folder (no .metadata)", path=directory)
+    names = ", ".join(p.name for p in candidates)
+    raise CheckpointNotFoundError(
+        f"the directory holds several checkpoints ({names}); pass the one to open",
+        path=directory)
+
+
+def _shard_names(indexes: list[Path]) -> set[str]:
+    import json
+
+    names: set[str] = set()
+    for index in indexes:
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            names.update(str(v) for v in weight_map.values())
+        except (OSError, ValueError, AttributeError):
+            continue
+    return names
+
+
+def detect(path: Path) -> tuple[Format, Path]:
+    """Find the format of ``path``, resolving a directory to the checkpoint inside it.
+
+    Args:
+        path: A checkpoint file or directory.
+
+    Returns:
+        The format, and the path to open with it.
+
+    Raises:
+        CheckpointNotFoundError: If nothing is there, or a directory holds no checkpoint.
+        CorruptCheckpointError: If the file is empty.
+        UnknownFormatError: If no registered format recognises the file.
+    """
+    if not path.exists():
+        raise CheckpointNotFoundError("no such file or directory", path=path)
+    if path.is_dir():
+        for fmt in _FORMATS:
+            if fmt.claims_directory is not None and fmt.claims_directory(path):
+                return fmt, path
+        path = _checkpoint_in(path)
+    with reading(path), path.open("rb") as f:
+        head = f.read(_HEAD_BYTES)
+    if not head:
+        raise CorruptCheckpointError("the file is empty", path=path)
+    for fmt in _FORMATS:
+        if fmt.magic is not None and fmt.magic(head):
+            return fmt, path
+    fmt_by_suffix = _by_suffix(path)
+    if fmt_by_suffix is not None:
+        return fmt_by_suffix, path
+    known = ", ".join(f.name for f in _FORMATS)
+    raise UnknownFormatError(
+        f"not a checkpoint format torchgraft reads (first bytes {head[:8]!r}); it reads {known}",
+        path=path)
+
+
+def open_contents(path: Path, options: ReadOptions) -> Contents:
+    """Detect the format of ``path`` and open it.
+
+    Args:
+        path: A checkpoint file or directory.
+        options: Options for the format.
+
+    Returns:
+        The opened contents.
+
+    Raises:
+        TorchgraftError: If the path cannot be opened; the message names it.
+    """
+    fmt, target = detect(path)
+    with reading(target):
+        return fmt.open(target, options)

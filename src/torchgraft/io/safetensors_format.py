@@ -1,0 +1,127 @@
+"""safetensors: an 8-byte header length, a JSON header, then the tensors' bytes.
+
+The header is parsed and checked here (every tensor's offsets against its shape and dtype, and
+against the file size), so a header that lies raises an error naming the tensor; data is
+memory-mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef
+from .base import Contents, Format, ReadOptions
+from .source import ByteSource, FileSource
+
+__all__ = ["DTYPES", "FORMAT", "read_header"]
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+    "BOOL": torch.bool, "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def _magic(head: bytes) -> bool:
+    if len(head) < 10:
+        return False
+    (length,) = struct.unpack_from("<Q", head)
+    return 2 <= length <= _MAX_HEADER and head[8:9] == b"{"
+
+
+def read_header(source: ByteSource) -> tuple[dict[str, Any], dict[str, str], int]:
+    """Read and check a safetensors header.
+
+    Args:
+        source: The file.
+
+    Returns:
+        The tensor entries (name to header entry, in data order), the ``__metadata__``
+        strings, and the offset where the data begins.
+
+    Raises:
+        CorruptCheckpointError: If the header is malformed or disagrees with the file.
+    """
+    (length,) = struct.unpack("<Q", source.read(0, 8, what="the header length"))
+    if length > _MAX_HEADER:
+        raise CorruptCheckpointError(f"header length {length} is implausible", path=source.name)
+    raw = source.read(8, length, what="the JSON header")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"the JSON header is malformed: {exc}",
+                                     path=source.name) from None
+    if not isinstance(header, dict):
+        raise CorruptCheckpointError("the header is not a JSON object", path=source.name)
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CorruptCheckpointError("__metadata__ is not an object", path=source.name)
+    start = 8 + length
+    entries = {name: _checked(name, entry, source, start) for name, entry in header.items()}
+    ordered = dict(sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0]))
+    previous_end, previous = 0, None
+    for name, entry in ordered.items():
+        begin, end = entry["data_offsets"]
+        if begin < previous_end:
+            raise CorruptCheckpointError(
+                f"tensors '{previous}' and '{name}' overlap in the data", path=source.name)
+        if end > begin:
+            previous_end, previous = end, name
+    return ordered, {str(k): str(v) for k, v in metadata.items()}, start
+
+
+def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str, Any]:
+    def bad(why: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"header entry for '{name}' {why}", path=source.name)
+
+    if not isinstance(entry, dict):
+        raise bad("is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        if isinstance(dtype, str) and dtype.isupper():
+            raise UnsupportedCheckpointError(f"tensor '{name}' has dtype {dtype}, not read yet",
+                                             path=source.name)
+        raise bad(f"has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise bad(f"has a malformed shape {shape!r}")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+        raise bad(f"has malformed data_offsets {offsets!r}")
+    nbytes = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+    if offsets[1] - offsets[0] != nbytes:
+        raise bad(f"says {dtype} {tuple(shape)} ({nbytes} bytes) but its data_offsets span "
+                  f"{offsets[1] - offsets[0]} bytes")
+    source.check_range(start + offsets[0], nbytes, what=f"tensor '{name}'")
+    return entry
+
+
+def _open(path: Path, options: ReadOptions) -> Contents:
+    source = FileSource(path)
+    entries, metadata, start = read_header(source)
+    root: dict[str, Any] = {}
+    for name, entry in entries.items():
+        meta = TensorMeta.of(tuple(entry["shape"]), DTYPES[entry["dtype"]])
+        root[name] = TensorRef(meta, _reader(source, start + entry["data_offsets"][0], meta, name))
+    if metadata:
+        root["__metadata__"] = metadata
+    return Contents("safetensors", path, root, [source.close])
+
+
+def _reader(source: ByteSource, offset: int, meta: TensorMeta, name: str) -> Any:
+    def read() -> torch.Tensor:
+        return source.array(offset, meta.nbytes, meta.dtype, what=f"tensor '{name}'").view(
+            meta.shape)
+    return read
+
+
+FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic)

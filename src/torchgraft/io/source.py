@@ -1,0 +1,160 @@
+"""Byte sources that formats read tensor data from: a memory-mapped file, or bytes in memory."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import CorruptCheckpointError
+
+__all__ = ["ByteSource", "FileSource", "MemorySource", "strided"]
+
+
+class ByteSource:
+    """Random access to the bytes of a checkpoint.
+
+    Args:
+        name: What to call the source in errors (usually the file path).
+        size: The number of bytes available.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+
+    def check_range(self, offset: int, nbytes: int, *, what: str) -> None:
+        """Raise if ``[offset, offset + nbytes)`` is not inside the source.
+
+        Args:
+            offset: First byte.
+            nbytes: Number of bytes.
+            what: What is stored there, for the error message.
+
+        Raises:
+            CorruptCheckpointError: If the range does not fit: the file is truncated or lies.
+        """
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise CorruptCheckpointError(
+                f"{what} needs bytes {offset}..{offset + nbytes} but the file has {self.size}: "
+                "it is truncated or its index is wrong", path=self.name)
+
+    def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
+        """Read bytes, checking the range first."""
+        raise NotImplementedError
+
+    def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
+        """Return ``nbytes`` from ``offset`` as a 1-D uint8 tensor (range already checked)."""
+        raise NotImplementedError
+
+    def array(self, offset: int, nbytes: int, dtype: torch.dtype, *,
+              what: str = "data") -> torch.Tensor:
+        """Return the bytes at ``offset`` as a flat tensor of ``dtype``.
+
+        Memory-mapped where the offset is aligned to the element size, else copied.
+
+        Args:
+            offset: First byte.
+            nbytes: Number of bytes, a multiple of the element size.
+            dtype: Element type.
+            what: What is stored there, for error messages.
+
+        Returns:
+            A 1-D CPU tensor.
+        """
+        self.check_range(offset, nbytes, what=what)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if nbytes % itemsize:
+            raise CorruptCheckpointError(
+                f"{what} holds {nbytes} bytes, not a whole number of {dtype} elements",
+                path=self.name)
+        raw = self._raw(offset, nbytes)
+        if raw.storage_offset() % itemsize:
+            raw = raw.clone()
+        return raw.view(dtype)
+
+
+class FileSource(ByteSource):
+    """A file on disk, memory-mapped privately on first use (copy-on-write, never written back).
+
+    Args:
+        path: The file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), path.stat().st_size)
+        self.path = path
+        self._storage: torch.UntypedStorage | None = None
+
+    def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
+        """Read bytes with a positioned read, checking the range first."""
+        self.check_range(offset, nbytes, what=what)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            return os.pread(fd, nbytes, offset)
+        finally:
+            os.close(fd)
+
+    def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
+        if self._storage is None:
+            self._storage = torch.UntypedStorage.from_file(
+                str(self.path), shared=False, nbytes=self.size)
+        return torch.empty(0, dtype=torch.uint8).set_(self._storage, offset, (nbytes,))
+
+    def close(self) -> None:
+        """Drop this source's reference to the mapping (tensors already read keep it alive)."""
+        self._storage = None
+
+
+class MemorySource(ByteSource):
+    """Bytes held in memory, such as a chunk read out of a larger file.
+
+    Args:
+        data: The bytes.
+        name: What to call them in errors.
+    """
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(name, len(data))
+        self.data = data
+
+    def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
+        """Return a slice of the bytes, checking the range first."""
+        self.check_range(offset, nbytes, what=what)
+        return self.data[offset:offset + nbytes]
+
+    def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(self.data[offset:offset + nbytes]), dtype=torch.uint8)
+
+
+def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], offset: int, *,
+            what: str, source: str) -> torch.Tensor:
+    """View ``flat`` (a whole storage) as a tensor, checking it stays inside the storage.
+
+    Args:
+        flat: The storage as a 1-D tensor.
+        shape: The tensor's shape.
+        stride: The tensor's strides, in elements.
+        offset: The tensor's offset in the storage, in elements.
+        what: The tensor's name, for the error message.
+        source: The file, for the error message.
+
+    Returns:
+        The tensor, sharing memory with ``flat``.
+
+    Raises:
+        CorruptCheckpointError: If the view reaches outside the storage.
+    """
+    if len(shape) != len(stride) or offset < 0 or any(s < 0 for s in (*shape, *stride)):
+        raise CorruptCheckpointError(f"tensor '{what}' has a malformed shape or stride",
+                                     path=source)
+    if math.prod(shape) == 0:
+        return flat.new_empty(shape)
+    last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+    if last >= flat.numel():
+        raise CorruptCheckpointError(
+            f"tensor '{what}' of shape {shape} reaches element {last} of a storage with "
+            f"{flat.numel()}", path=source)
+    return flat.as_strided(shape, stride, flat.storage_offset() + offset)

@@ -1,0 +1,135 @@
+"""torch.save's legacy format (PyTorch < 1.6, or ``_use_new_zipfile_serialization=False``).
+
+Layout: five pickles (magic number, protocol version, system info, the object, the list of
+storage keys), then each storage as an 8-byte little-endian element count and its raw bytes.
+Opening unpickles the object and walks the storage headers to learn where each storage's
+bytes are; it reads no tensor data.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef
+from ..safe_pickle import StorageType, safe_load
+from .base import Contents, Format, ReadOptions
+from .source import FileSource, strided
+
+__all__ = ["FORMAT", "LEGACY_MAGIC"]
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+# A protocol-2+ pickle of MAGIC_NUMBER: PROTO n, LONG1 10 bytes, little-endian magic.
+LEGACY_MAGIC = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
+
+
+def _magic(head: bytes) -> bool:
+    return len(head) >= 14 and head[0] == 0x80 and head[2:14] == LEGACY_MAGIC
+
+
+class _Storage:
+    def __init__(self, key: str, dtype: torch.dtype, location: str, numel: int,
+                 view_offset: int) -> None:
+        self.key, self.dtype, self.location = key, dtype, location
+        self.numel, self.view_offset = numel, view_offset
+
+
+class _LegacyTensors:
+    """Lazy tensors whose storages lie after the pickles, at offsets found by :meth:`locate`."""
+
+    def __init__(self, source: FileSource) -> None:
+        self.source = source
+        self.roots: dict[str, _Storage] = {}
+        self.offsets: dict[str, int] = {}
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        if not isinstance(pid, tuple) or len(pid) != 6 or _text(pid[0]) != "storage":
+            raise CorruptCheckpointError(f"unknown storage record {pid!r:.80}")
+        _tag, storage_type, key, location, numel, view = pid
+        if not isinstance(storage_type, StorageType) or not isinstance(numel, int):
+            raise CorruptCheckpointError(f"malformed storage record {pid!r:.80}")
+        root = _Storage(_text(key), storage_type.dtype, _text(location), numel, 0)
+        self.roots.setdefault(root.key, root)
+        if view is None:
+            return self.roots[root.key]
+        _view_key, view_offset, view_numel = view
+        return _Storage(root.key, root.dtype, root.location, int(view_numel), int(view_offset))
+
+    def tensor(self, storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
+               dtype: torch.dtype | None) -> TensorRef:
+        if not isinstance(storage, _Storage):
+            raise CorruptCheckpointError("a tensor record without a storage")
+        view_dtype = dtype or storage.dtype
+
+        def read() -> torch.Tensor:
+            root = self.roots[storage.key]
+            itemsize = torch.empty((), dtype=root.dtype).element_size()
+            start = self.offsets[storage.key] + storage.view_offset * itemsize
+            flat = self.source.array(start, storage.numel * itemsize, view_dtype,
+                                     what=f"storage '{storage.key}'")
+            return strided(flat, size, stride, offset, what=f"storage {storage.key}",
+                           source=self.source.name)
+
+        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read)
+
+    def locate(self, keys: Any, start: int) -> None:
+        """Walk the storage headers after the pickles, recording where each storage's data is.
+
+        Args:
+            keys: The unpickled list of storage keys, in file order.
+            start: The file offset where the first storage header begins.
+
+        Raises:
+            CorruptCheckpointError: If a header is missing or a storage runs past the end.
+        """
+        if not isinstance(keys, list):
+            raise CorruptCheckpointError("the storage key list is malformed")
+        position = start
+        for key in map(_text, keys):
+            storage = self.roots.get(key)
+            if storage is None:
+                raise CorruptCheckpointError(f"storage '{key}' is listed but never used")
+            (count,) = struct.unpack("<q", self.source.read(position, 8,
+                                                            what=f"storage '{key}' header"))
+            nbytes = count * torch.empty((), dtype=storage.dtype).element_size()
+            self.source.check_range(position + 8, nbytes, what=f"storage '{key}'")
+            self.offsets[key] = position + 8
+            position += 8 + nbytes
+        missing = set(self.roots) - set(self.offsets)
+        if missing:
+            raise CorruptCheckpointError(f"storages {sorted(missing)} have no data in the file")
+
+
+def _text(value: Any) -> str:
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
+def _read_header(stream: IO[bytes], path: str) -> None:
+    if safe_load(stream, path=path) != MAGIC_NUMBER:
+        raise CorruptCheckpointError("invalid magic number", path=path)
+    version = safe_load(stream, path=path)
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedCheckpointError(f"legacy protocol version {version!r}", path=path)
+    sys_info = safe_load(stream, path=path)
+    if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
+        raise UnsupportedCheckpointError("big-endian torch checkpoints are not read yet",
+                                         path=path)
+
+
+def _open(path: Path, options: ReadOptions) -> Contents:
+    source = FileSource(path)
+    factory = _LegacyTensors(source)
+    with path.open("rb") as stream:
+        _read_header(stream, str(path))
+        root = safe_load(stream, path=str(path), unsafe=options.unsafe, factory=factory)
+        keys = safe_load(stream, path=str(path))
+        factory.locate(keys, stream.tell())
+    return Contents("torch-legacy", path, root, [source.close])
+
+
+FORMAT = Format(name="torch-legacy", open=_open, magic=_magic)

@@ -1,0 +1,39 @@
+"""``tg.load``: every weight of a checkpoint as a state dict, on the device asked for."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .checkpoint import open as open_checkpoint
+from .devices import DeviceMap, DeviceSpec
+
+__all__ = ["load"]
+
+
+def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
+         dtype: torch.dtype | str | None = None, unsafe: bool = False,
+         weights_key: str | None = None) -> dict[str, torch.Tensor]:
+    """Load the model weights of any checkpoint as a state dict.
+
+    A file saved on ``cuda:1`` loads on a CPU-only machine with the default ``device``.
+
+    Args:
+        path: A checkpoint file or directory, in any format :func:`torchgraft.open` reads.
+        device: ``"cpu"``, ``"cuda:0"``, a :class:`torch.device`, or a mapping from saved
+            devices such as ``{"cuda:1": "cuda:0"}``.
+        dtype: Cast floating-point weights to this dtype; integer buffers are left alone.
+        unsafe: Let pickles call globals outside the allow-list (runs code from the file).
+        weights_key: Where the weights are in a training checkpoint; found when ``None``.
+
+    Returns:
+        Weight name to tensor, in stored order. CPU tensors may be memory-mapped
+        (copy-on-write) from the file.
+
+    Raises:
+        TorchgraftError: Any failure, naming the file.
+    """
+    devices = DeviceMap(device)
+    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key) as ckpt:
+        return {name: ckpt.get(name, devices, dtype=dtype) for name in ckpt.keys()}

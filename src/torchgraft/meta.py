@@ -1,0 +1,136 @@
+"""Tensor metadata, and lazy references to tensors that have not been read yet."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["TensorMeta", "TensorRef", "dtype_name", "parse_dtype", "torch_dtype_of_numpy"]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Return the short name of a torch dtype, e.g. ``"float32"``.
+
+    Args:
+        dtype: A torch dtype.
+
+    Returns:
+        The name without the ``torch.`` prefix.
+    """
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """Turn ``"float16"``, ``"fp16"``, ``"bf16"`` or ``"torch.bfloat16"`` into a torch dtype.
+
+    Args:
+        name: A dtype name or a torch dtype.
+
+    Returns:
+        The torch dtype.
+
+    Raises:
+        ValueError: If the name is not a torch dtype.
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+               "float": "float32", "fp64": "float64", "double": "float64"}
+    key = name.removeprefix("torch.")
+    value = getattr(torch, aliases.get(key, key), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"'{name}' is not a torch dtype (try float32, float16 or bfloat16)")
+    return value
+
+
+def torch_dtype_of_numpy(dtype: np.dtype[Any]) -> torch.dtype | None:
+    """Return the torch dtype matching a numpy dtype of any byte order, or ``None``.
+
+    Args:
+        dtype: A numpy dtype.
+
+    Returns:
+        The torch dtype, or ``None`` where torch has no such type (strings, objects...).
+    """
+    try:
+        return torch.from_numpy(np.empty(0, dtype=dtype.newbyteorder("="))).dtype
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What is known about a stored tensor without reading its bytes.
+
+    Attributes:
+        shape: The tensor's shape.
+        dtype: The tensor's dtype.
+        nbytes: The size of its data in bytes.
+        device: Where the tensor lived when it was saved, e.g. ``"cuda:1"``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    nbytes: int
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], dtype: torch.dtype, device: str = "cpu") -> TensorMeta:
+        """Build the metadata of a dense tensor, computing its size.
+
+        Args:
+            shape: The tensor's shape.
+            dtype: The tensor's dtype.
+            device: Where it was saved.
+
+        Returns:
+            The metadata.
+        """
+        shape = tuple(int(d) for d in shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return cls(shape, dtype, math.prod(shape) * itemsize, device)
+
+    @property
+    def numel(self) -> int:
+        """The number of elements."""
+        return math.prod(self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the metadata as JSON-ready data."""
+        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype),
+                "nbytes": self.nbytes, "device": self.device}
+
+    def describe(self) -> str:
+        """Return a short text such as ``tensor(float32, (64, 3, 7, 7))``."""
+        return f"tensor({dtype_name(self.dtype)}, {self.shape})"
+
+
+class TensorRef:
+    """A tensor in a checkpoint, known by its metadata and read only when asked.
+
+    Args:
+        meta: The tensor's metadata.
+        read: A function returning the tensor on the CPU; it may be memory-mapped.
+    """
+
+    __slots__ = ("_read", "meta")
+
+    def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor]) -> None:
+        self.meta = meta
+        self._read = read
+
+    def read(self) -> torch.Tensor:
+        """Read the tensor's data.
+
+        Returns:
+            A CPU tensor with the shape and dtype of :attr:`meta`.
+        """
+        return self._read()
+
+    def __repr__(self) -> str:
+        return f"TensorRef({self.meta.describe()}, saved on {self.meta.device})"

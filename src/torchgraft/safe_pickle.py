@@ -1,0 +1,510 @@
+"""A pickle reader that never runs code from the file.
+
+Checkpoints are pickles, and a pickle is a program: ``GLOBAL os system`` followed by ``REDUCE``
+runs a shell command. This unpickler resolves globals in three ways, and never imports anything
+the file names:
+
+* **Allow-listed callables** (tensor rebuild functions, ``OrderedDict``, numpy array
+  reconstruction...) resolve to torchgraft's own inert implementations in :data:`_SAFE_CALLS`.
+  Tensors become lazy :class:`~torchgraft.meta.TensorRef` objects; no byte of data is read.
+* **torch values** (dtypes, layouts, storage types) resolve to the values themselves.
+* **Anything else** resolves to an inert stand-in class, a subclass of :class:`PickledObject`.
+  A pickled object of such a class (``NEWOBJ`` + ``BUILD``, the way ``torch.save(model)``
+  stores a model whose class is not importable here) becomes a record of its class name and
+  state. *Calling* such a global (``REDUCE``), which is how a pickle runs a function, raises
+  :class:`~torchgraft.errors.UnsafeCheckpointError` naming it, unless ``unsafe=True``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import datetime
+import importlib
+import io
+import pathlib
+import pickle
+from collections.abc import Callable
+from typing import IO, Any, Protocol
+
+import numpy as np
+import torch
+
+from .errors import (
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    UnsupportedCheckpointError,
+    reading,
+)
+from .meta import TensorMeta, TensorRef, torch_dtype_of_numpy
+
+__all__ = [
+    "PickledObject",
+    "StorageType",
+    "TensorFactory",
+    "numpy_ref",
+    "safe_load",
+]
+
+_MODULE_ALIASES = {
+    "__builtin__": "builtins",
+    "copy_reg": "copyreg",
+    "numpy.core.multiarray": "numpy._core.multiarray",
+    "numpy.core.numeric": "numpy._core.numeric",
+}
+
+_STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool, "ComplexFloatStorage": torch.complex64,
+    "ComplexDoubleStorage": torch.complex128, "UntypedStorage": torch.uint8,
+}
+
+# Classes whose call only records its arguments (enums used by torch's own metadata).
+_INERT_CALLS = frozenset({"torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"})
+
+
+class StorageType:
+    """Stands for a pickled ``torch.FloatStorage``-like type: only its dtype matters.
+
+    Args:
+        dtype: The element type of the storage.
+    """
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+
+class TensorFactory(Protocol):
+    """What a format gives the unpickler so that tensors become lazy references."""
+
+    def persistent_load(self, pid: Any) -> Any:
+        """Resolve a persistent id (a storage record) found in the pickle."""
+
+    def tensor(self, storage: Any, offset: int, size: tuple[int, ...],
+               stride: tuple[int, ...], dtype: torch.dtype | None) -> TensorRef:
+        """Return a lazy tensor viewing ``storage``; ``dtype`` overrides the storage's."""
+
+
+class _InertMeta(type):
+    """Metaclass of stand-in classes: calling one is refused, building one is inert."""
+
+    _tg_global: str
+    _tg_unsafe: bool
+    _tg_path: str | None
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._tg_global in _INERT_CALLS:
+            obj = cls.__new__(cls, *args)
+            return obj
+        if not cls._tg_unsafe:
+            raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
+        module, _, name = cls._tg_global.rpartition(".")
+        try:
+            target: Any = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError):
+            return cls.__new__(cls, *args)
+        return target(*args, **kwargs)
+
+
+class PickledObject(metaclass=_InertMeta):
+    """An object from a pickle whose class was not imported: its class name and its state.
+
+    Attributes:
+        global_name: The dotted name of its class, e.g. ``"mymodels.resnet.ResNet"``.
+        args: The arguments the pickle gave to create it.
+        state: What the pickle gave to ``__setstate__`` (usually the instance ``__dict__``).
+        items: Entries set on it as a mapping (dict subclasses).
+        list_items: Entries appended to it (list subclasses).
+    """
+
+    _tg_global = "builtins.object"
+    _tg_unsafe = False
+    _tg_path: str | None = None
+
+    def __new__(cls, *args: Any) -> PickledObject:
+        obj = object.__new__(cls)
+        obj.args = args
+        obj.state = None
+        obj.items = {}
+        obj.list_items = []
+        return obj
+
+    args: tuple[Any, ...]
+    state: Any
+    items: dict[Any, Any]
+    list_items: list[Any]
+
+    @property
+    def global_name(self) -> str:
+        """The dotted name of the object's class."""
+        return type(self)._tg_global
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:
+        """Record an appended item."""
+        self.list_items.append(value)
+
+    def extend(self, values: Any) -> None:
+        """Record appended items."""
+        self.list_items.extend(values)
+
+    def attributes(self) -> dict[str, Any]:
+        """Return the instance attributes recorded in its state.
+
+        Returns:
+            ``state`` when it is a dict; for ``(dict, slots)`` states, both merged.
+        """
+        state = self.state
+        if isinstance(state, dict):
+            return state
+        if isinstance(state, tuple) and len(state) == 2:
+            merged: dict[str, Any] = {}
+            for part in state:
+                if isinstance(part, dict):
+                    merged.update(part)
+            return merged
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<pickled {self.global_name}>"
+
+
+def _display(global_name: str) -> str:
+    module, _, name = global_name.rpartition(".")
+    if module in ("posix", "nt"):
+        return f"{global_name} (os.{name})"
+    return global_name
+
+
+# --- inert implementations of allow-listed callables -------------------------------------------
+
+
+def _encode(text: str, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode``, as protocol 2 pickles store bytes: text codecs only."""
+    if codecs.lookup(encoding).name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
+        raise UnsafeCheckpointError(f"_codecs.encode with encoding {encoding!r}")
+    return text.encode(encoding)
+
+
+def _bytes_arg(value: Any = b"", encoding: str = "latin-1") -> bytes:
+    """``bytes(...)``/``bytearray(...)`` from text or bytes only: ``bytes(10**12)`` is refused."""
+    if isinstance(value, str):
+        return _encode(value, encoding)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    raise CorruptCheckpointError(f"bytes built from {type(value).__name__}")
+
+
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    """``copyreg._reconstructor``: protocol 0/1's way to create a plain object."""
+    if isinstance(cls, type) and issubclass(cls, PickledObject):
+        return cls.__new__(cls)
+    if cls is collections.OrderedDict or cls is dict:
+        return cls()
+    raise UnsafeCheckpointError(f"copyreg._reconstructor of {cls!r}")
+
+
+def _newobj(cls: Any, *args: Any) -> Any:
+    """``copyreg.__newobj__`` as a callable."""
+    if isinstance(cls, type) and issubclass(cls, PickledObject):
+        return cls.__new__(cls, *args)
+    raise UnsafeCheckpointError(f"copyreg.__newobj__ of {cls!r}")
+
+
+def _path(*parts: str) -> str:
+    """``pathlib.PosixPath(...)`` and friends: kept as a plain string."""
+    return str(pathlib.PurePath(*parts))
+
+
+class _NumpyDType:
+    """``numpy.dtype(code, align, copy)`` followed by ``BUILD``: a plain dtype, no objects."""
+
+    def __init__(self, code: Any, align: bool = False, copy: bool = True) -> None:
+        if not isinstance(code, str):
+            raise CorruptCheckpointError(f"numpy dtype code {code!r} is not a string")
+        self.dtype = np.dtype(code)
+        if self.dtype.hasobject:
+            raise UnsupportedCheckpointError("numpy arrays of Python objects are not read")
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) < 2:
+            raise CorruptCheckpointError(f"numpy dtype state {state!r} is malformed")
+        if len(state) > 3 and state[3] is not None:
+            raise UnsupportedCheckpointError("structured numpy arrays are not read")
+        if state[1] in ("<", ">"):
+            self.dtype = self.dtype.newbyteorder(state[1])
+
+
+class _NumpyArray:
+    """``numpy._core.multiarray._reconstruct`` followed by ``BUILD``: the array's raw bytes."""
+
+    def __init__(self, cls: Any, shape: Any, code: Any) -> None:
+        self.array: np.ndarray[Any, Any] | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        try:
+            _version, shape, dtype, fortran, raw = state
+        except (TypeError, ValueError):
+            raise CorruptCheckpointError("numpy array state is malformed") from None
+        if not isinstance(dtype, _NumpyDType):
+            raise CorruptCheckpointError("numpy array without a plain dtype")
+        if isinstance(raw, str):
+            raw = raw.encode("latin-1")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise UnsupportedCheckpointError("numpy arrays of Python objects are not read")
+        shape = tuple(int(d) for d in shape)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.dtype.itemsize
+        if len(raw) != expected:
+            raise CorruptCheckpointError(
+                f"numpy array of shape {shape} and dtype {dtype.dtype} needs {expected} bytes, "
+                f"the pickle holds {len(raw)}")
+        flat = np.frombuffer(raw, dtype=dtype.dtype)
+        self.array = flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _numpy_scalar(dtype: Any, raw: Any = b"") -> Any:
+    if not isinstance(dtype, _NumpyDType):
+        raise CorruptCheckpointError("numpy scalar without a plain dtype")
+    if isinstance(raw, str):
+        raw = raw.encode("latin-1")
+    if not isinstance(raw, bytes) or len(raw) != dtype.dtype.itemsize:
+        raise CorruptCheckpointError("numpy scalar bytes are malformed")
+    return np.frombuffer(raw, dtype=dtype.dtype)[0].item()
+
+
+def numpy_ref(array: np.ndarray[Any, Any]) -> TensorRef | None:
+    """Wrap a numpy array as a lazy tensor; ``None`` if torch has no such dtype.
+
+    Args:
+        array: The array (any byte order or memory layout).
+
+    Returns:
+        A reference whose ``read`` returns a fresh, writable tensor.
+    """
+    dtype = torch_dtype_of_numpy(array.dtype)
+    if dtype is None:
+        return None
+
+    def read() -> torch.Tensor:
+        native = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+        return torch.from_numpy(native.copy() if not native.flags.writeable else native)
+
+    return TensorRef(TensorMeta.of(array.shape, dtype), read)
+
+
+def _unsupported(what: str) -> Callable[..., Any]:
+    def refuse(*args: Any) -> Any:
+        raise UnsupportedCheckpointError(f"{what} are not read yet; save them as dense tensors")
+    return refuse
+
+
+class _Rebuilders:
+    """The tensor rebuild functions, bound to the format's :class:`TensorFactory`."""
+
+    def __init__(self, factory: TensorFactory | None) -> None:
+        self.factory = factory
+
+    def _make(self, storage: Any, offset: Any, size: Any, stride: Any,
+              dtype: torch.dtype | None = None) -> TensorRef:
+        if self.factory is None or not isinstance(size, tuple) or not isinstance(stride, tuple):
+            raise CorruptCheckpointError("a tensor record without a storage or shape")
+        return self.factory.tensor(storage, int(offset), tuple(int(s) for s in size),
+                                   tuple(int(s) for s in stride), dtype)
+
+    def tensor(self, storage: Any, offset: Any, size: Any, stride: Any) -> TensorRef:
+        return self._make(storage, offset, size, stride)
+
+    def tensor_v2(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
+                  hooks: Any, metadata: Any = None) -> TensorRef:
+        return self._make(storage, offset, size, stride)
+
+    def tensor_v3(self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any,
+                  hooks: Any, dtype: Any, metadata: Any = None) -> TensorRef:
+        if not isinstance(dtype, torch.dtype):
+            raise CorruptCheckpointError(f"tensor record with dtype {dtype!r}")
+        return self._make(storage, offset, size, stride, dtype)
+
+    @staticmethod
+    def parameter(data: Any, requires_grad: Any = False, hooks: Any = None,
+                  state: Any = None) -> Any:
+        return data
+
+    @staticmethod
+    def from_type(func: Any, new_type: Any, args: Any, state: Any = None) -> Any:
+        if not callable(func) or not isinstance(args, tuple):
+            raise CorruptCheckpointError("malformed tensor subclass record")
+        return func(*args)
+
+    @staticmethod
+    def from_numpy(data: Any, dtype: Any, device: Any, requires_grad: Any = False) -> Any:
+        if not isinstance(data, _NumpyArray) or data.array is None:
+            raise CorruptCheckpointError("device tensor record without a numpy array")
+        return numpy_ref(data.array)
+
+    @staticmethod
+    def meta_tensor(dtype: Any, size: Any, stride: Any, requires_grad: Any = False) -> TensorRef:
+        meta = TensorMeta.of(tuple(size), dtype, device="meta")
+
+        def read() -> torch.Tensor:
+            raise UnsupportedCheckpointError(
+                "this tensor was saved on the 'meta' device and has no data")
+        return TensorRef(meta, read)
+
+    def calls(self) -> dict[str, Callable[..., Any]]:
+        """The allow-list: dotted global name to the inert implementation."""
+        return {
+            "torch._utils._rebuild_tensor": self.tensor,
+            "torch._utils._rebuild_tensor_v2": self.tensor_v2,
+            "torch._utils._rebuild_tensor_v3": self.tensor_v3,
+            "torch._utils._rebuild_parameter": self.parameter,
+            "torch._utils._rebuild_parameter_with_state": self.parameter,
+            "torch._tensor._rebuild_from_type": self.from_type,
+            "torch._tensor._rebuild_from_type_v2": self.from_type,
+            "torch._utils._rebuild_device_tensor_from_numpy": self.from_numpy,
+            "torch._utils._rebuild_meta_tensor_no_storage": self.meta_tensor,
+            "torch._utils._rebuild_qtensor": _unsupported("quantized tensors"),
+            "torch._utils._rebuild_sparse_tensor": _unsupported("sparse tensors"),
+            "torch._utils._rebuild_sparse_csr_tensor": _unsupported("sparse tensors"),
+            "torch._utils._rebuild_nested_tensor": _unsupported("nested tensors"),
+            "torch._utils._rebuild_wrapper_subclass": _unsupported("tensor subclasses"),
+            "torch.Size": torch.Size,
+            "torch.device": torch.device,
+            "torch.serialization._get_layout": _get_layout,
+        }
+
+
+def _get_layout(name: str) -> torch.layout:
+    layout = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(layout, torch.layout):
+        raise CorruptCheckpointError(f"unknown tensor layout {name!r}")
+    return layout
+
+
+_SAFE_CALLS: dict[str, Any] = {
+    "collections.OrderedDict": collections.OrderedDict,
+    "builtins.dict": dict, "builtins.list": list, "builtins.tuple": tuple,
+    "builtins.set": set, "builtins.frozenset": frozenset, "builtins.complex": complex,
+    "builtins.slice": slice, "builtins.bytearray": lambda *a: bytearray(_bytes_arg(*a)),
+    "builtins.bytes": lambda *a: _bytes_arg(*a), "builtins.int": int, "builtins.float": float,
+    "builtins.str": str, "builtins.bool": bool, "builtins.object": object,
+    "_codecs.encode": _encode,
+    "copyreg._reconstructor": _reconstructor,
+    "copyreg.__newobj__": _newobj,
+    "datetime.datetime": datetime.datetime, "datetime.date": datetime.date,
+    "datetime.time": datetime.time, "datetime.timedelta": datetime.timedelta,
+    "datetime.timezone": datetime.timezone,
+    "pathlib.Path": _path, "pathlib.PosixPath": _path, "pathlib.WindowsPath": _path,
+    "pathlib.PurePath": _path, "pathlib.PurePosixPath": _path,
+    "pathlib.PureWindowsPath": _path,
+    "numpy._core.multiarray._reconstruct": _NumpyArray,
+    "numpy._core.multiarray.scalar": _numpy_scalar,
+    "numpy.dtype": _NumpyDType,
+    "numpy.ndarray": np.ndarray,
+    # TorchScript archives (torch.jit.save) wrap lists and typed values in these.
+    "torch.jit._pickle.build_intlist": list, "torch.jit._pickle.build_tensorlist": list,
+    "torch.jit._pickle.build_doublelist": list, "torch.jit._pickle.build_boollist": list,
+    "torch.jit._pickle.restore_type_tag": lambda value, _type_str=None: value,
+}
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def __init__(self, file: IO[bytes], *, path: str | None, unsafe: bool,
+                 factory: TensorFactory | None) -> None:
+        super().__init__(file)
+        self._path = path
+        self._unsafe = unsafe
+        self._factory = factory
+        self._calls = {**_SAFE_CALLS, **_Rebuilders(factory).calls()}
+        self._stubs: dict[str, type[PickledObject]] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        module = _MODULE_ALIASES.get(module, module)
+        dotted = f"{module}.{name}"
+        if dotted in self._calls:
+            return self._calls[dotted]
+        if module in ("torch", "torch.storage"):
+            if name in _STORAGE_DTYPES:
+                return StorageType(_STORAGE_DTYPES[name])
+            value = getattr(torch, name, None)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        return self._stub(dotted)
+
+    def _stub(self, dotted: str) -> type[PickledObject]:
+        if dotted not in self._stubs:
+            self._stubs[dotted] = _InertMeta(
+                dotted.rpartition(".")[2] or dotted, (PickledObject,),
+                {"_tg_global": dotted, "_tg_unsafe": self._unsafe, "_tg_path": self._path},
+            )
+        return self._stubs[dotted]
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self._factory is None:
+            raise CorruptCheckpointError("the pickle refers to external storage it does not hold")
+        return self._factory.persistent_load(pid)
+
+
+def _finish(obj: Any, seen: dict[int, Any]) -> Any:
+    """Replace numpy array records by lazy tensors, throughout the tree."""
+    key = id(obj)
+    if key in seen:
+        return seen[key]
+    if isinstance(obj, _NumpyArray):
+        array = obj.array
+        if array is None:
+            raise CorruptCheckpointError("a numpy array record without data")
+        ref = numpy_ref(array)
+        seen[key] = ref if ref is not None else array.tolist()
+        return seen[key]
+    if isinstance(obj, _NumpyDType):
+        return str(obj.dtype)
+    if isinstance(obj, dict):
+        seen[key] = obj
+        for k in list(obj):
+            obj[k] = _finish(obj[k], seen)
+    elif isinstance(obj, list):
+        seen[key] = obj
+        obj[:] = [_finish(v, seen) for v in obj]
+    elif type(obj) is tuple:
+        seen[key] = tuple(_finish(v, seen) for v in obj)
+    elif isinstance(obj, PickledObject):
+        seen[key] = obj
+        obj.state = _finish(obj.state, seen)
+        obj.args = tuple(_finish(v, seen) for v in obj.args)
+        for k in list(obj.items):
+            obj.items[k] = _finish(obj.items[k], seen)
+        obj.list_items[:] = [_finish(v, seen) for v in obj.list_items]
+    return seen.get(key, obj)
+
+
+def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool = False,
+              factory: TensorFactory | None = None) -> Any:
+    """Unpickle one object without running code from it.
+
+    Args:
+        file: A binary file positioned at the pickle, or the pickle's bytes.
+        path: The file's path, named in errors.
+        unsafe: Call globals outside the allow-list (runs code from the file: trusted files only).
+        factory: Turns storage records into lazy tensors; ``None`` for pickles without tensors.
+
+    Returns:
+        The object, with tensors and numpy arrays as :class:`~torchgraft.meta.TensorRef`,
+        unknown classes as :class:`PickledObject`.
+
+    Raises:
+        UnsafeCheckpointError: If the pickle calls a global outside the allow-list.
+        CorruptCheckpointError: If the pickle is truncated or malformed.
+    """
+    stream = io.BytesIO(file) if isinstance(file, bytes) else file
+    with reading(path or "<pickle>"):
+        obj = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory).load()
+        return _finish(obj, {})
