@@ -30,6 +30,7 @@ class LeNetBN(nn.Layer):
 
 
 def main() -> None:
+    """Build the model with random weights and statistics, and save it."""
     paddle.seed(0)
     model = LeNetBN()
     for bn in (model.bn1, model.bn2):

@@ -8,7 +8,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import torch
 
@@ -90,7 +89,7 @@ class Checkpoint:
         """
         return self._ref(name).meta
 
-    def get(self, name: str, device: DeviceSpec = "cpu", *,
+    def get(self, name: str, device: DeviceSpec | DeviceMap = "cpu", *,
             dtype: torch.dtype | str | None = None) -> torch.Tensor:
         """Read one weight.
 
@@ -151,7 +150,7 @@ def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dty
     return tensor.to(target)
 
 
-def open(path: str | os.PathLike[str], *, unsafe: bool = False,  # noqa: A001
+def open(path: str | os.PathLike[str], *, unsafe: bool = False,
          weights_key: str | None = None) -> Checkpoint:
     """Open a checkpoint of any supported format, reading only its metadata.
 

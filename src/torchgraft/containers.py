@@ -89,7 +89,7 @@ def _module_weights(module: PickledObject, prefix: str, out: dict[str, TensorRef
 
 
 def _weights_of(obj: Any) -> tuple[dict[str, TensorRef], str | None] | None:
-    """The weights ``obj`` holds directly, as a module or a state dict; ``None`` if it is neither."""
+    """The weights ``obj`` holds directly, as a module or a state dict; else ``None``."""
     if _is_module(obj):
         out: dict[str, TensorRef] = {}
         _module_weights(obj, "", out, set())
@@ -150,37 +150,40 @@ def select_weights(root: Any, *, key: str | None = None) -> Selection:
         found[""] = ({"tensor": root}, None)
     chosen_key = key if key is not None else next(iter(found), "")
     weights, model_class = found.get(chosen_key, ({}, None))
+    weight_sets = {k: len(w) for k, (w, _cls) in found.items()}
     return Selection(
         weights=weights,
         key=chosen_key,
         model_class=model_class,
-        weight_sets={k: len(w) for k, (w, _cls) in found.items()},
-        extras=_extras(root, chosen_key, set(map(id, weights.values()))),
+        weight_sets=weight_sets,
+        extras=_extras(root, chosen_key, weight_sets, set(map(id, weights.values()))),
     )
 
 
-def _extras(root: Any, key: str, used: set[int]) -> dict[str, Any]:
-    """Everything outside the chosen weights, as plain data."""
+def _extras(root: Any, key: str, weight_sets: dict[str, int], used: set[int]) -> dict[str, Any]:
+    """Everything outside the chosen weights, as plain data; other weight sets summarised."""
     if isinstance(root, TensorRef) or (key == "" and _is_module(root)):
         return {}
     if not isinstance(root, dict):
         return {"object": to_plain(root)}
-    return _rest(root, key.split(".") if key else [], used)
+    return _rest(root, "", key, weight_sets, used)
 
 
-def _rest(obj: dict[Any, Any], key_parts: list[str], used: set[int]) -> dict[str, Any]:
-    """``obj`` as plain data, without the weights at ``key_parts`` and without used tensors."""
+def _rest(obj: dict[Any, Any], prefix: str, key: str, weight_sets: dict[str, int],
+          used: set[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in obj.items():
-        if key_parts and name == key_parts[0]:
+        path = f"{prefix}{name}"
+        if path == key or key.startswith(path + "."):
             if isinstance(value, dict):
-                rest = _rest(value, key_parts[1:], used)
+                rest = _rest(value, path + ".", key, weight_sets, used)
                 if rest:
                     out[str(name)] = rest
-            continue
-        if isinstance(value, TensorRef) and id(value) in used:
-            continue
-        out[str(name)] = to_plain(value)
+        elif path in weight_sets:
+            out[str(name)] = (f"<weights: {weight_sets[path]} tensors; "
+                              f"open with weights_key='{path}'>")
+        elif not (isinstance(value, TensorRef) and id(value) in used):
+            out[str(name)] = to_plain(value)
     return out
 
 

@@ -36,7 +36,8 @@ class LeNet(nn.Module):
         x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
         x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
         x = torch.relu(self.fc1(x.flatten(1)))
-        return self.fc3(torch.relu(self.fc2(x)))
+        logits: torch.Tensor = self.fc3(torch.relu(self.fc2(x)))
+        return logits
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,11 @@ def _sharded(state: dict[str, torch.Tensor], directory: Path) -> Path:
 
 
 def _dcp(state: dict[str, torch.Tensor], directory: Path) -> Path:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": dict(state), "step": 1200}, checkpoint_id=str(directory))
+        save({"model": dict(state), "step": 1200}, checkpoint_id=str(directory))
     return directory
 
 
@@ -142,8 +143,9 @@ def write_examples(directory: Path) -> list[Example]:
     with (d / "payload.pkl").open("wb") as f:
         pickle.dump({"conv1.weight": state["conv1.weight"].numpy(), "hook": _Payload()}, f)
     return [
-        Example("DataParallel state dict saved on cuda:1", "seeds 000-003: 'module.' prefixes; "
-                "'Attempting to deserialize object on a CUDA device'", d / "dataparallel_cuda1.pth"),
+        Example("DataParallel state dict saved on cuda:1",
+                "seeds 000-003: 'module.' prefixes; 'Attempting to deserialize object on a "
+                "CUDA device'", d / "dataparallel_cuda1.pth"),
         Example("training checkpoint (epoch, state_dict, optimizer)",
                 "seed 003: myfile.pth.tar with nested weights", d / "myfile.pth.tar"),
         Example("legacy (non-zip) file from a GPU", "seed 004: files for PyTorch < 1.6",

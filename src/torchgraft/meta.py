@@ -92,7 +92,7 @@ class TensorMeta:
             The metadata.
         """
         shape = tuple(int(d) for d in shape)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         return cls(shape, dtype, math.prod(shape) * itemsize, device)
 
     @property

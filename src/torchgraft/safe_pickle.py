@@ -96,8 +96,7 @@ class _InertMeta(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls._tg_global in _INERT_CALLS:
-            obj = cls.__new__(cls, *args)
-            return obj
+            return _instance(cls, args)
         if not cls._tg_unsafe:
             raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
         module, _, name = cls._tg_global.rpartition(".")
@@ -106,8 +105,13 @@ class _InertMeta(type):
             for part in name.split("."):
                 target = getattr(target, part)
         except (ImportError, AttributeError):
-            return cls.__new__(cls, *args)
+            return _instance(cls, args)
         return target(*args, **kwargs)
+
+
+def _instance(cls: Any, args: tuple[Any, ...]) -> Any:
+    """An inert record of ``cls``, as NEWOBJ makes it: no code of the real class runs."""
+    return cls.__new__(cls, *args)
 
 
 class PickledObject(metaclass=_InertMeta):
@@ -126,6 +130,7 @@ class PickledObject(metaclass=_InertMeta):
     _tg_path: str | None = None
 
     def __new__(cls, *args: Any) -> PickledObject:
+        """Create an empty record; nothing of the real class runs."""
         obj = object.__new__(cls)
         obj.args = args
         obj.state = None
@@ -247,7 +252,7 @@ class _NumpyDType:
 class _NumpyArray:
     """``numpy._core.multiarray._reconstruct`` followed by ``BUILD``: the array's raw bytes."""
 
-    def __init__(self, cls: Any, shape: Any, code: Any) -> None:
+    def __init__(self, cls: Any = None, shape: Any = None, code: Any = None) -> None:
         self.array: np.ndarray[Any, Any] | None = None
 
     def __setstate__(self, state: Any) -> None:
@@ -255,6 +260,10 @@ class _NumpyArray:
             _version, shape, dtype, fortran, raw = state
         except (TypeError, ValueError):
             raise CorruptCheckpointError("numpy array state is malformed") from None
+        self.set(raw, dtype, shape, fortran=bool(fortran))
+
+    def set(self, raw: Any, dtype: Any, shape: Any, *, fortran: bool) -> None:
+        """Build the array from its raw bytes, checking their size."""
         if not isinstance(dtype, _NumpyDType):
             raise CorruptCheckpointError("numpy array without a plain dtype")
         if isinstance(raw, str):
@@ -267,8 +276,15 @@ class _NumpyArray:
             raise CorruptCheckpointError(
                 f"numpy array of shape {shape} and dtype {dtype.dtype} needs {expected} bytes, "
                 f"the pickle holds {len(raw)}")
-        flat = np.frombuffer(raw, dtype=dtype.dtype)
+        flat = np.frombuffer(bytes(raw), dtype=dtype.dtype)
         self.array = flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _numpy_frombuffer(raw: Any, dtype: Any, shape: Any, order: Any) -> _NumpyArray:
+    """``numpy._core.numeric._frombuffer``: how pickle protocol 5 stores arrays."""
+    array = _NumpyArray()
+    array.set(raw, dtype, shape, fortran=order == "F")
+    return array
 
 
 def _numpy_scalar(dtype: Any, raw: Any = b"") -> Any:
@@ -295,8 +311,7 @@ def numpy_ref(array: np.ndarray[Any, Any]) -> TensorRef | None:
         return None
 
     def read() -> torch.Tensor:
-        native = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
-        return torch.from_numpy(native.copy() if not native.flags.writeable else native)
+        return torch.from_numpy(array.astype(array.dtype.newbyteorder("="), order="C"))
 
     return TensorRef(TensorMeta.of(array.shape, dtype), read)
 
@@ -407,6 +422,7 @@ _SAFE_CALLS: dict[str, Any] = {
     "pathlib.PureWindowsPath": _path,
     "numpy._core.multiarray._reconstruct": _NumpyArray,
     "numpy._core.multiarray.scalar": _numpy_scalar,
+    "numpy._core.numeric._frombuffer": _numpy_frombuffer,
     "numpy.dtype": _NumpyDType,
     "numpy.ndarray": np.ndarray,
     # TorchScript archives (torch.jit.save) wrap lists and typed values in these.
@@ -424,7 +440,7 @@ class _SafeUnpickler(pickle.Unpickler):
         self._unsafe = unsafe
         self._factory = factory
         self._calls = {**_SAFE_CALLS, **_Rebuilders(factory).calls()}
-        self._stubs: dict[str, type[PickledObject]] = {}
+        self._stubs: dict[str, Any] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         module = _MODULE_ALIASES.get(module, module)
@@ -439,7 +455,7 @@ class _SafeUnpickler(pickle.Unpickler):
                 return value
         return self._stub(dotted)
 
-    def _stub(self, dotted: str) -> type[PickledObject]:
+    def _stub(self, dotted: str) -> Any:
         if dotted not in self._stubs:
             self._stubs[dotted] = _InertMeta(
                 dotted.rpartition(".")[2] or dotted, (PickledObject,),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -33,7 +34,7 @@ def demo(directory: Path | None, as_json: bool) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         with console.status("writing example checkpoints..."):
             examples = write_examples(folder)
-        results = []
+        results: list[dict[str, Any]] = []
         for example in examples:
             if example.expect_refusal:
                 try:

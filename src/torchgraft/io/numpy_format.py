@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import numpy as np
 import torch
@@ -26,7 +26,8 @@ __all__ = ["NPY_FORMAT", "NPZ_FORMAT"]
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def _header(stream: IO[bytes], name: str, source: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+def _header(stream: IO[bytes], name: str,
+            source: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     try:
         version = np.lib.format.read_magic(stream)
         if version == (1, 0):
@@ -52,7 +53,7 @@ def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran:
                                          path=source.name)
     nbytes = math.prod(shape) * dtype.itemsize
     source.check_range(offset, nbytes, what=f"array '{name}'")
-    order = "F" if fortran else "C"
+    order: Literal["C", "F"] = "F" if fortran else "C"
     strides = _element_strides(shape, fortran)
 
     def read() -> torch.Tensor:
@@ -91,7 +92,7 @@ def _open_npz(path: Path, options: ReadOptions) -> Contents:
             name = info.filename.removesuffix(".npy")
             with archive.open(info) as member:
                 shape, fortran, dtype = _header(member, name, str(path))
-                header_size = member.tell()  # type: ignore[attr-defined]
+                header_size = member.tell()
             if info.compress_type == zipfile.ZIP_STORED:
                 offset = zip_data_offset(source, info) + header_size
                 root[name] = _array_ref(source, offset, shape, fortran, dtype, name)

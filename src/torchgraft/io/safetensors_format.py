@@ -97,7 +97,7 @@ def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str,
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
         raise bad(f"has malformed data_offsets {offsets!r}")
-    nbytes = math.prod(shape) * torch.empty((), dtype=DTYPES[dtype]).element_size()
+    nbytes = math.prod(shape) * DTYPES[dtype].itemsize
     if offsets[1] - offsets[0] != nbytes:
         raise bad(f"says {dtype} {tuple(shape)} ({nbytes} bytes) but its data_offsets span "
                   f"{offsets[1] - offsets[0]} bytes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -65,7 +66,7 @@ class ByteSource:
             A 1-D CPU tensor.
         """
         self.check_range(offset, nbytes, what=what)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         if nbytes % itemsize:
             raise CorruptCheckpointError(
                 f"{what} holds {nbytes} bytes, not a whole number of {dtype} elements",
@@ -87,25 +88,34 @@ class FileSource(ByteSource):
         super().__init__(str(path), path.stat().st_size)
         self.path = path
         self._storage: torch.UntypedStorage | None = None
+        self._fd: int | None = None
 
     def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
         """Read bytes with a positioned read, checking the range first."""
         self.check_range(offset, nbytes, what=what)
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            return os.pread(fd, nbytes, offset)
-        finally:
-            os.close(fd)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        data = os.pread(self._fd, nbytes, offset)
+        if len(data) != nbytes:
+            raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
+                                         path=self.name)
+        return data
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
-        if self._storage is None:
-            self._storage = torch.UntypedStorage.from_file(
-                str(self.path), shared=False, nbytes=self.size)
-        return torch.empty(0, dtype=torch.uint8).set_(self._storage, offset, (nbytes,))
+        storage = self._storage
+        if storage is None:
+            storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
+                str(self.path), shared=False, nbytes=self.size))
+        raw = torch.empty(0, dtype=torch.uint8)
+        raw.set_(storage, offset, (nbytes,), (1,))
+        return raw
 
     def close(self) -> None:
-        """Drop this source's reference to the mapping (tensors already read keep it alive)."""
+        """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
         self._storage = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class MemorySource(ByteSource):

@@ -29,7 +29,12 @@ LEGACY_MAGIC = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
 
 
 def _magic(head: bytes) -> bool:
-    return len(head) >= 14 and head[0] == 0x80 and head[2:14] == LEGACY_MAGIC
+    if len(head) < 14 or head[0] != 0x80:
+        return False
+    body = head[2:]
+    if body[:1] == b"\x95":  # protocol 4+: a FRAME opcode with an 8-byte length comes first
+        body = body[9:]
+    return body.startswith(LEGACY_MAGIC)
 
 
 class _Storage:
@@ -68,7 +73,7 @@ class _LegacyTensors:
 
         def read() -> torch.Tensor:
             root = self.roots[storage.key]
-            itemsize = torch.empty((), dtype=root.dtype).element_size()
+            itemsize = root.dtype.itemsize
             start = self.offsets[storage.key] + storage.view_offset * itemsize
             flat = self.source.array(start, storage.numel * itemsize, view_dtype,
                                      what=f"storage '{storage.key}'")
@@ -96,7 +101,7 @@ class _LegacyTensors:
                 raise CorruptCheckpointError(f"storage '{key}' is listed but never used")
             (count,) = struct.unpack("<q", self.source.read(position, 8,
                                                             what=f"storage '{key}' header"))
-            nbytes = count * torch.empty((), dtype=storage.dtype).element_size()
+            nbytes = count * storage.dtype.itemsize
             self.source.check_range(position + 8, nbytes, what=f"storage '{key}'")
             self.offsets[key] = position + 8
             position += 8 + nbytes

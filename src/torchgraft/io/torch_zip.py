@@ -97,7 +97,7 @@ class _ArchiveTensors:
             raise CorruptCheckpointError(
                 f"storage '{storage.key}' named in data.pkl is missing from the archive",
                 path=self.source.name)
-        nbytes = storage.numel * torch.empty((), dtype=storage.dtype).element_size()
+        nbytes = storage.numel * storage.dtype.itemsize
         if info.file_size < nbytes:
             raise CorruptCheckpointError(
                 f"storage '{storage.key}' should hold {nbytes} bytes, its entry has "
@@ -134,7 +134,7 @@ def zip_data_offset(source: ByteSource, info: zipfile.ZipInfo) -> int:
     if signature != _ZIP_MAGIC:
         raise CorruptCheckpointError(f"zip record '{info.filename}' has a corrupt header",
                                      path=source.name)
-    return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    return int(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
 
 
 def read_archive(source: ByteSource, stream: IO[bytes], *, unsafe: bool) -> tuple[Any, Any]:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install torchgraft into it, with optional extras: scripts/setup.sh [test|paddle|hf|onnx]
+# torch is installed first, as TORCH_SPEC (default torch==2.13.0, a CPU build), unless the venv
+# can already import it: an unpinned torch would pull several GB of CUDA packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV="${TORCHGRAFT_VENV:-.venv}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+EXTRAS="${1:-}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored" || true; }
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    echo "setup: installing $TORCH_SPEC" >&2
+    pip_install "$TORCH_SPEC"
+fi
+echo "setup: installing torchgraft${EXTRAS:+[$EXTRAS]}" >&2
+pip_install -e ".${EXTRAS:+[$EXTRAS]}"
+"$PY" -c "import torch, torchgraft" || { echo "setup: install failed" >&2; exit 1; }

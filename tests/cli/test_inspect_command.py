@@ -1,0 +1,86 @@
+"""``torchgraft inspect`` through its entry points: output, JSON, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.cli.conftest import CONSOLE_SCRIPT
+from tests.helpers import Payload, SmallNet, save_on
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def dp_file(tmp_path: Path, model: SmallNet) -> Path:
+    path = tmp_path / "dp.pth"
+    save_on("cuda:1", {"epoch": 4, "state_dict": nn.DataParallel(model).state_dict()}, path)
+    return path
+
+
+def test_table(run: Run, dp_file: Path) -> None:
+    result = run("inspect", str(dp_file))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "torch-zip" in out and "cuda:1" in out
+    assert "'module.' (DataParallel / DistributedDataParallel)" in out
+    assert "under 'state_dict'" in out and '"epoch": 4' in out
+    assert re.search(r"^module\.conv\.weight +\(8, 3, 3, 3\) +float32 *$", out, re.MULTILINE)
+
+
+def test_json_and_console_script(dp_file: Path) -> None:
+    assert CONSOLE_SCRIPT.exists()
+    result = subprocess.run([str(CONSOLE_SCRIPT), "inspect", str(dp_file), "--json"],
+                            capture_output=True, text=True, check=True)
+    data = json.loads(result.stdout)
+    assert data["format"] == "torch-zip"
+    assert data["saved_devices"] == ["cuda:1"]
+    assert data["wrappers"] == [{"prefix": "module.",
+                                 "source": "DataParallel / DistributedDataParallel"}]
+    assert data["totals"]["tensors"] == 9
+    assert data["tensors"][0]["name"] == "module.conv.weight"
+
+
+def test_missing_file_is_one_line_exit_2(run: Run, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pt"
+    result = run("inspect", str(missing))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"torchgraft: error: {missing}: no such file or directory"
+    assert "Traceback" not in result.stderr
+
+
+def test_corrupt_file_and_debug_traceback(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "broken.safetensors"
+    path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
+    result = run("inspect", str(path))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert str(path) in result.stderr
+    debug = run("--debug", "inspect", str(path))
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_unsafe_file_refused_then_opted_in(run: Run, tmp_path: Path) -> None:
+    marker = tmp_path / "RAN"
+    path = tmp_path / "payload.pt"
+    torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path)
+    refused = run("inspect", str(path))
+    assert refused.returncode == 2
+    assert "os.system" in refused.stderr and "--unsafe" in refused.stderr
+    assert not marker.exists()
+    allowed = run("inspect", str(path), "--unsafe", "--json")
+    assert allowed.returncode == 0
+    assert marker.exists()
+
+
+def test_usage_errors_exit_2(run: Run) -> None:
+    assert run("inspect").returncode == 2
+    assert run("frobnicate").returncode == 2
+    assert run("--help").returncode == 0

@@ -1,0 +1,71 @@
+"""Reference models and checks shared by the tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from unittest import mock
+
+import torch
+from torch import nn
+
+
+class SmallNet(nn.Module):
+    """Conv + BatchNorm + Linear: parameters, running statistics and an integer buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 5)
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def small_net(seed: int = 0) -> SmallNet:
+    """A SmallNet with random weights and random BatchNorm statistics."""
+    torch.manual_seed(seed)
+    model = SmallNet()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    model.bn.num_batches_tracked.fill_(17)
+    return model
+
+
+def assert_same_tensor(actual: torch.Tensor, expected: torch.Tensor, name: str = "") -> None:
+    """Same dtype, shape and bytes (bit for bit, NaNs included)."""
+    assert actual.dtype == expected.dtype, (name, actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (name, actual.shape, expected.shape)
+    a = actual.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    e = expected.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    assert torch.equal(a, e), f"values of '{name}' differ"
+
+
+def assert_same_state(actual: Mapping[str, torch.Tensor],
+                      expected: Mapping[str, torch.Tensor], *, ordered: bool = True) -> None:
+    """Same names (in the same order when ``ordered``) and bit-identical tensors."""
+    if ordered:
+        assert list(actual) == list(expected)
+    else:
+        assert sorted(actual) == sorted(expected)
+    for name, tensor in expected.items():
+        assert_same_tensor(actual[name], tensor, name)
+
+
+def save_on(device: str, obj: object, path: Path, **kwargs: object) -> None:
+    """torch.save as if every tensor lived on ``device``: no GPU needed."""
+    with mock.patch("torch.serialization.location_tag", return_value=device):
+        torch.save(obj, path, **kwargs)  # type: ignore[arg-type]
+
+
+class Payload:
+    """A pickle payload that creates a marker file when unpickled by a naive loader."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))

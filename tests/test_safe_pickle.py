@@ -1,0 +1,109 @@
+"""Opening a file never runs code from it; unsafe=True is the explicit opt-in."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchgraft as tg
+from tests.helpers import Payload
+
+
+def _write(kind: str, path: Path, marker: Path, protocol: int = 2) -> Path:
+    if kind == "torch-zip":
+        torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path)
+    elif kind == "torch-legacy":
+        torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path,
+                   _use_new_zipfile_serialization=False)
+    elif kind == "whole-model-attr":
+        model = torch.nn.Linear(2, 2)
+        model.hook = Payload(marker)  # type: ignore[assignment]
+        torch.save(model, path)
+    else:
+        with path.open("wb") as f:
+            pickle.dump({"w": np.ones(2, np.float32), "hook": Payload(marker)}, f,
+                        protocol=protocol)
+    return path
+
+
+@pytest.mark.parametrize(("kind", "name", "protocol"), [
+    ("torch-zip", "a.pt", 2),
+    ("torch-legacy", "a.pth", 2),
+    ("whole-model-attr", "a.pt", 2),
+    ("paddle", "a.pdparams", 2),
+    ("paddle", "a.pdparams", 4),
+    ("pickle", "a.pkl", 0),
+    ("pickle", "a.pkl", 1),
+    ("pickle", "a.pkl", 3),
+    ("pickle", "a.pkl", 5),
+])
+def test_payload_is_refused_and_never_runs(tmp_path: Path, kind: str, name: str,
+                                           protocol: int) -> None:
+    marker = tmp_path / "PWNED"
+    path = _write(kind, tmp_path / name, marker, protocol)
+    for call in (tg.open, tg.load, tg.inspect):
+        with pytest.raises(tg.UnsafeCheckpointError) as info:
+            call(path)
+        assert "os.system" in str(info.value)
+        assert "unsafe=True" in str(info.value)
+        assert str(path) in str(info.value)
+    assert not marker.exists()
+
+
+# Hand-written pickles that call through other opcodes: INST (protocol 0), OBJ (protocol 1),
+# a tensor-subclass rebuild whose "function" is os.system, and builtins that run code.
+_CRAFTED = {
+    "inst": b"(S'touch {m}'\nios\nsystem\n.",
+    "obj": b"(cos\nsystem\nS'touch {m}'\no.",
+    "eval": b"cbuiltins\neval\n(S'__import__(\"os\").system(\"touch {m}\")'\ntR.",
+    "getattr": (b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(S'os'\ntRS'system'\ntR"
+                b"(S'touch {m}'\ntR."),
+    "subclass-rebuild": b"ctorch._tensor\n_rebuild_from_type_v2\n(cos\nsystem\nNS'touch {m}'\n"
+                        b"\x85NtR.",
+    "subprocess": b"csubprocess\ncall\n((S'touch'\nS'{m}'\nltR.",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CRAFTED))
+def test_crafted_opcodes_are_refused(tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "crafted.pkl"
+    path.write_bytes(_CRAFTED[name].replace(b"{m}", str(marker).encode()))
+    with pytest.raises(tg.UnsafeCheckpointError):
+        tg.load(path)
+    assert not marker.exists()
+
+
+def test_object_arrays_in_npy_are_refused_without_unpickling(tmp_path: Path) -> None:
+    marker = tmp_path / "PWNED"
+    path = tmp_path / "objects.npy"
+    array = np.empty(1, dtype=object)
+    array[0] = Payload(marker)
+    np.save(path, array, allow_pickle=True)
+    with pytest.raises(tg.UnsupportedCheckpointError, match="Python objects"):
+        tg.load(path)
+    assert not marker.exists()
+
+
+def test_unsafe_true_is_the_explicit_opt_in(tmp_path: Path) -> None:
+    marker = tmp_path / "RAN"
+    path = _write("torch-zip", tmp_path / "trusted.pt", marker)
+    with tg.open(path, unsafe=True) as ckpt:
+        assert ckpt.keys() == ["w"]
+        assert torch.equal(ckpt.get("w"), torch.ones(2))
+    assert marker.exists()
+
+
+def test_unknown_classes_are_built_inertly_and_named_in_extras(tmp_path: Path) -> None:
+    import argparse
+
+    args = argparse.Namespace(lr=0.1, arch="resnet18")
+    path = tmp_path / "ckpt.pt"
+    torch.save({"args": args, "state_dict": {"w": torch.ones(1)}}, path)
+    with tg.open(path) as ckpt:
+        assert ckpt.extras["args"] == {"__class__": "argparse.Namespace", "lr": 0.1,
+                                       "arch": "resnet18"}
