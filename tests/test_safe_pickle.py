@@ -107,3 +107,27 @@ def test_unknown_classes_are_built_inertly_and_named_in_extras(tmp_path: Path) -
     with tg.open(path) as ckpt:
         assert ckpt.extras["args"] == {"__class__": "argparse.Namespace", "lr": 0.1,
                                        "arch": "resnet18"}
+
+
+def test_dcp_metadata_and_bytes_entries_are_refused(tmp_path: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    marker = tmp_path / "PWNED"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save({"model": {"w": torch.ones(2)}, "hook": Payload(marker)},
+             checkpoint_id=str(tmp_path / "entry"))
+        save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(tmp_path / "meta"))
+    assert not marker.exists()
+    metadata_path = tmp_path / "meta" / ".metadata"
+    with metadata_path.open("rb") as f:
+        metadata = pickle.load(f)
+    metadata.planner_data = Payload(marker)
+    with metadata_path.open("wb") as f:
+        pickle.dump(metadata, f)
+    for directory in ("entry", "meta"):
+        with pytest.raises(tg.UnsafeCheckpointError, match="os.system"):
+            tg.open(tmp_path / directory)
+    assert not marker.exists()

@@ -9,16 +9,15 @@ bytes are; it reads no tensor data.
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
-from ..meta import TensorMeta, TensorRef
-from ..safe_pickle import StorageType, safe_load
+from ..safe_pickle import safe_load
 from .base import Contents, Format, ReadOptions
-from .source import FileSource, strided
+from .source import FileSource
+from .torch_storage import Storage, StorageTensors, text
 
 __all__ = ["FORMAT", "LEGACY_MAGIC"]
 
@@ -37,52 +36,27 @@ def _magic(head: bytes) -> bool:
     return body.startswith(LEGACY_MAGIC)
 
 
-class _Storage:
-    def __init__(self, key: str, dtype: torch.dtype, location: str, numel: int,
-                 view_offset: int) -> None:
-        self.key, self.dtype, self.location = key, dtype, location
-        self.numel, self.view_offset = numel, view_offset
-
-
-class _LegacyTensors:
-    """Lazy tensors whose storages lie after the pickles, at offsets found by :meth:`locate`."""
+class _LegacyTensors(StorageTensors):
+    """Storages lie after the pickles, at offsets found by :meth:`find_offsets`."""
 
     def __init__(self, source: FileSource) -> None:
-        self.source = source
-        self.roots: dict[str, _Storage] = {}
+        super().__init__(source)
+        self.roots: dict[str, Storage] = {}
         self.offsets: dict[str, int] = {}
 
-    def persistent_load(self, pid: Any) -> _Storage:
-        if not isinstance(pid, tuple) or len(pid) != 6 or _text(pid[0]) != "storage":
-            raise CorruptCheckpointError(f"unknown storage record {pid!r:.80}")
-        _tag, storage_type, key, location, numel, view = pid
-        if not isinstance(storage_type, StorageType) or not isinstance(numel, int):
-            raise CorruptCheckpointError(f"malformed storage record {pid!r:.80}")
-        root = _Storage(_text(key), storage_type.dtype, _text(location), numel, 0)
-        self.roots.setdefault(root.key, root)
+    def persistent_load(self, pid: Any) -> Storage:
+        root = Storage.parse(pid, fields=6)
+        root = self.roots.setdefault(root.key, root)
+        view = pid[5]
         if view is None:
-            return self.roots[root.key]
+            return root
         _view_key, view_offset, view_numel = view
-        return _Storage(root.key, root.dtype, root.location, int(view_numel), int(view_offset))
+        return replace(root, numel=int(view_numel), view_offset=int(view_offset))
 
-    def tensor(self, storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
-               dtype: torch.dtype | None) -> TensorRef:
-        if not isinstance(storage, _Storage):
-            raise CorruptCheckpointError("a tensor record without a storage")
-        view_dtype = dtype or storage.dtype
+    def locate(self, storage: Storage) -> int:
+        return self.offsets[storage.key] + storage.view_offset * storage.dtype.itemsize
 
-        def read() -> torch.Tensor:
-            root = self.roots[storage.key]
-            itemsize = root.dtype.itemsize
-            start = self.offsets[storage.key] + storage.view_offset * itemsize
-            flat = self.source.array(start, storage.numel * itemsize, view_dtype,
-                                     what=f"storage '{storage.key}'")
-            return strided(flat, size, stride, offset, what=f"storage {storage.key}",
-                           source=self.source.name)
-
-        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read)
-
-    def locate(self, keys: Any, start: int) -> None:
+    def find_offsets(self, keys: Any, start: int) -> None:
         """Walk the storage headers after the pickles, recording where each storage's data is.
 
         Args:
@@ -95,7 +69,7 @@ class _LegacyTensors:
         if not isinstance(keys, list):
             raise CorruptCheckpointError("the storage key list is malformed")
         position = start
-        for key in map(_text, keys):
+        for key in map(text, keys):
             storage = self.roots.get(key)
             if storage is None:
                 raise CorruptCheckpointError(f"storage '{key}' is listed but never used")
@@ -108,10 +82,6 @@ class _LegacyTensors:
         missing = set(self.roots) - set(self.offsets)
         if missing:
             raise CorruptCheckpointError(f"storages {sorted(missing)} have no data in the file")
-
-
-def _text(value: Any) -> str:
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
 
 
 def _read_header(stream: IO[bytes], path: str) -> None:
@@ -133,7 +103,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         _read_header(stream, str(path))
         root = safe_load(stream, path=str(path), unsafe=options.unsafe, factory=factory)
         keys = safe_load(stream, path=str(path))
-        factory.locate(keys, stream.tell())
+        factory.find_offsets(keys, stream.tell())
     return Contents("torch-legacy", path, root, [source.close])
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import struct
-import weakref
 import zipfile
 from pathlib import Path
 from typing import IO, Any
@@ -17,10 +16,10 @@ from typing import IO, Any
 import torch
 
 from ..errors import CorruptCheckpointError, UnknownFormatError, UnsupportedCheckpointError
-from ..meta import TensorMeta, TensorRef
-from ..safe_pickle import StorageType, safe_load
+from ..safe_pickle import safe_load
 from .base import Contents, Format, ReadOptions
-from .source import ByteSource, FileSource, MemorySource, strided
+from .source import ByteSource, FileSource, MemorySource
+from .torch_storage import Storage, StorageTensors
 
 __all__ = ["FORMAT", "first_zip_entry", "read_archive", "read_blob", "zip_data_offset"]
 
@@ -48,51 +47,20 @@ def _magic(head: bytes) -> bool:
     return name is not None and not name.endswith(".npy")
 
 
-class _Storage:
-    def __init__(self, key: str, dtype: torch.dtype, location: str, numel: int) -> None:
-        self.key, self.dtype, self.location, self.numel = key, dtype, location, numel
-
-
-class _ArchiveTensors:
-    """Turns the storage records of ``data.pkl`` into lazy tensors over the archive entries."""
+class _ArchiveTensors(StorageTensors):
+    """Storages are archive entries named ``<prefix>data/<key>``."""
 
     def __init__(self, source: ByteSource, archive: zipfile.ZipFile, prefix: str) -> None:
-        self.source = source
+        super().__init__(source)
         self.archive = archive
         self.prefix = prefix
         self.entries = {i.filename: i for i in archive.infolist()}
-        self._flat: weakref.WeakValueDictionary[tuple[str, torch.dtype], torch.Tensor] = (
-            weakref.WeakValueDictionary())
 
-    def persistent_load(self, pid: Any) -> _Storage:
-        if not isinstance(pid, tuple) or len(pid) != 5 or _text(pid[0]) != "storage":
-            raise CorruptCheckpointError(f"unknown storage record {pid!r:.80} in data.pkl")
-        _tag, storage_type, key, location, numel = pid
-        if not isinstance(storage_type, StorageType) or not isinstance(numel, int):
-            raise CorruptCheckpointError(f"malformed storage record {pid!r:.80} in data.pkl")
-        return _Storage(_text(key), storage_type.dtype, _text(location), numel)
+    def persistent_load(self, pid: Any) -> Storage:
+        return Storage.parse(pid, fields=5)
 
-    def tensor(self, storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
-               dtype: torch.dtype | None) -> TensorRef:
-        if not isinstance(storage, _Storage):
-            raise CorruptCheckpointError("a tensor record without a storage in data.pkl")
-        view_dtype = dtype or storage.dtype
-
-        def read() -> torch.Tensor:
-            flat = self.flat(storage, view_dtype)
-            return strided(flat, size, stride, offset, what=f"storage {storage.key}",
-                           source=self.source.name)
-
-        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read)
-
-    def flat(self, storage: _Storage, dtype: torch.dtype) -> torch.Tensor:
-        """Return a whole storage as a flat tensor of ``dtype``, shared between its views."""
-        cache_key = (storage.key, dtype)
-        cached = self._flat.get(cache_key)
-        if cached is not None:
-            return cached
-        name = f"{self.prefix}data/{storage.key}"
-        info = self.entries.get(name)
+    def _entry(self, storage: Storage) -> zipfile.ZipInfo:
+        info = self.entries.get(f"{self.prefix}data/{storage.key}")
         if info is None:
             raise CorruptCheckpointError(
                 f"storage '{storage.key}' named in data.pkl is missing from the archive",
@@ -102,18 +70,18 @@ class _ArchiveTensors:
             raise CorruptCheckpointError(
                 f"storage '{storage.key}' should hold {nbytes} bytes, its entry has "
                 f"{info.file_size}", path=self.source.name)
+        return info
+
+    def locate(self, storage: Storage) -> int:
+        return zip_data_offset(self.source, self._entry(storage))
+
+    def read_flat(self, storage: Storage, dtype: torch.dtype) -> torch.Tensor:
+        info = self._entry(storage)
         if info.compress_type == zipfile.ZIP_STORED:
-            flat = self.source.array(zip_data_offset(self.source, info), nbytes, dtype,
-                                     what=f"storage '{storage.key}'")
-        else:
-            data = self.archive.read(name)[:nbytes]
-            flat = MemorySource(data, self.source.name).array(0, nbytes, dtype)
-        self._flat[cache_key] = flat
-        return flat
-
-
-def _text(value: Any) -> str:
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+            return super().read_flat(storage, dtype)
+        nbytes = storage.numel * storage.dtype.itemsize
+        data = self.archive.read(info)[:nbytes]
+        return MemorySource(data, self.source.name).array(0, nbytes, dtype)
 
 
 def zip_data_offset(source: ByteSource, info: zipfile.ZipInfo) -> int:

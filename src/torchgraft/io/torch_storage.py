@@ -1,0 +1,110 @@
+"""What both torch.save layouts share: storage records in the pickle, and tensors viewing them."""
+
+from __future__ import annotations
+
+import weakref
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import CorruptCheckpointError
+from ..meta import TensorMeta, TensorRef
+from ..safe_pickle import StorageType
+from .source import ByteSource, strided
+
+__all__ = ["Storage", "StorageTensors", "text"]
+
+
+def text(value: Any) -> str:
+    """A string field of a storage record (Python 2 pickles store them as bytes)."""
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A storage named by the pickle's persistent ids.
+
+    Attributes:
+        key: The storage's key in the file.
+        dtype: The element type it was saved with.
+        location: Where it lived when saved, e.g. ``"cuda:1"``.
+        numel: Its number of elements.
+        view_offset: For legacy storage views, the element offset into the root storage.
+    """
+
+    key: str
+    dtype: torch.dtype
+    location: str
+    numel: int
+    view_offset: int = 0
+
+    @classmethod
+    def parse(cls, pid: Any, *, fields: int) -> Storage:
+        """Parse a ``('storage', type, key, location, numel, ...)`` persistent id.
+
+        Args:
+            pid: The persistent id.
+            fields: How many fields the layout uses (5 for zip files, 6 for legacy files).
+
+        Returns:
+            The storage (for a legacy view, its root).
+
+        Raises:
+            CorruptCheckpointError: If the record is malformed.
+        """
+        if not isinstance(pid, tuple) or len(pid) != fields or text(pid[0]) != "storage":
+            raise CorruptCheckpointError(f"unknown storage record {pid!r:.80}")
+        storage_type, key, location, numel = pid[1:5]
+        if not isinstance(storage_type, StorageType) or not isinstance(numel, int):
+            raise CorruptCheckpointError(f"malformed storage record {pid!r:.80}")
+        return cls(text(key), storage_type.dtype, text(location), numel)
+
+
+class StorageTensors(ABC):
+    """Turns storage records into lazy tensors; a format says where a storage's bytes are.
+
+    Args:
+        source: The file's bytes.
+    """
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self._flat: weakref.WeakValueDictionary[tuple[Storage, torch.dtype], torch.Tensor] = (
+            weakref.WeakValueDictionary())
+
+    @abstractmethod
+    def persistent_load(self, pid: Any) -> Storage:
+        """Parse a storage record of this layout."""
+
+    @abstractmethod
+    def locate(self, storage: Storage) -> int:
+        """Return the offset of the storage's first byte in :attr:`source`."""
+
+    def read_flat(self, storage: Storage, dtype: torch.dtype) -> torch.Tensor:
+        """Read a whole storage as a flat tensor of ``dtype`` (memory-mapped where aligned)."""
+        nbytes = storage.numel * storage.dtype.itemsize
+        return self.source.array(self.locate(storage), nbytes, dtype,
+                                 what=f"storage '{storage.key}'")
+
+    def flat(self, storage: Storage, dtype: torch.dtype) -> torch.Tensor:
+        """Return a storage as a flat tensor, shared between the tensors that view it."""
+        cached = self._flat.get((storage, dtype))
+        if cached is None:
+            cached = self.read_flat(storage, dtype)
+            self._flat[(storage, dtype)] = cached
+        return cached
+
+    def tensor(self, storage: Any, offset: int, size: tuple[int, ...], stride: tuple[int, ...],
+               dtype: torch.dtype | None) -> TensorRef:
+        """A lazy tensor viewing ``storage``; ``dtype`` overrides the storage's own."""
+        if not isinstance(storage, Storage):
+            raise CorruptCheckpointError("a tensor record without a storage")
+        view_dtype = dtype or storage.dtype
+
+        def read() -> torch.Tensor:
+            return strided(self.flat(storage, view_dtype), size, stride, offset,
+                           what=f"storage {storage.key}", source=self.source.name)
+
+        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read)
