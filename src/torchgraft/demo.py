@@ -15,6 +15,7 @@ from unittest import mock
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 __all__ = ["Example", "LeNet", "write_examples"]
@@ -85,8 +86,6 @@ def _whole_model_unimportable(model: nn.Module, path: Path) -> None:
 
 
 def _sharded(state: dict[str, torch.Tensor], directory: Path) -> Path:
-    from safetensors.torch import save_file
-
     directory.mkdir()
     names = list(state)
     half = len(names) // 2
@@ -132,7 +131,6 @@ def write_examples(directory: Path) -> list[Example]:
     _save_on("cuda:0", state, d / "from_pytorch_1_7_legacy.pth",
              _use_new_zipfile_serialization=False)
     _whole_model_unimportable(model, d / "whole_model.pt")
-    from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in state.items()}, d / "lenet.safetensors",
               metadata={"format": "pt"})
     index = _sharded(state, d / "sharded")

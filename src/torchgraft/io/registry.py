@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnknownFormatError, reading
@@ -65,8 +66,6 @@ def _checkpoint_in(directory: Path) -> Path:
 
 
 def _shard_names(indexes: list[Path]) -> set[str]:
-    import json
-
     names: set[str] = set()
     for index in indexes:
         try:
