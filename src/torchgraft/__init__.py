@@ -20,12 +20,14 @@ from .errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     DeviceError,
+    MissingDependencyError,
     TensorNotFoundError,
     TorchgraftError,
     UnknownFormatError,
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
 )
+from .graft import GraftError, GraftReport, graft, unwrap
 from .inspect import CheckpointInfo, inspect
 from .load import load
 from .meta import TensorMeta
@@ -36,15 +38,20 @@ __all__ = [
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "DeviceError",
+    "GraftError",
+    "GraftReport",
+    "MissingDependencyError",
     "TensorMeta",
     "TensorNotFoundError",
     "TorchgraftError",
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "graft",
     "inspect",
     "load",
     "open",
+    "unwrap",
 ]
 
 __version__ = "0.1.0"

@@ -121,6 +121,10 @@ class Checkpoint:
         """Training wrappers seen in the weight names (``module.``, ``_orig_mod.``, ``model.``)."""
         return detect_wrappers(self._weights)
 
+    def tensor_refs(self) -> dict[str, TensorRef]:
+        """Return every weight as a lazy reference, in stored order (nothing is read)."""
+        return dict(self._weights)
+
     def items_meta(self) -> list[tuple[str, TensorMeta]]:
         """Return every weight's name and metadata, in stored order."""
         return [(name, ref.meta) for name, ref in self._weights.items()]

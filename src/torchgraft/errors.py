@@ -10,6 +10,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "DeviceError",
+    "MissingDependencyError",
     "TensorNotFoundError",
     "TorchgraftError",
     "UnknownFormatError",
@@ -93,6 +94,22 @@ class TensorNotFoundError(TorchgraftError, KeyError):
 
 class DeviceError(TorchgraftError):
     """A requested device does not exist here, or a device mapping is incomplete."""
+
+
+class MissingDependencyError(TorchgraftError):
+    """An optional dependency is needed for this feature.
+
+    Args:
+        package: The module that failed to import.
+        extra: The torchgraft extra that installs it.
+        feature: What needed it.
+    """
+
+    def __init__(self, package: str, *, extra: str, feature: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(f"{feature} needs '{package}', which is not installed. "
+                         f"Install it with: pip install 'torchgraft[{extra}]'")
 
 
 @contextmanager

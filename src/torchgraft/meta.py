@@ -116,13 +116,18 @@ class TensorRef:
     Args:
         meta: The tensor's metadata.
         read: A function returning the tensor on the CPU; it may be memory-mapped.
+        read_into: A function filling a contiguous CPU tensor of :attr:`meta`'s shape and dtype
+            straight from the file, without an intermediate copy; ``None`` if the format
+            cannot.
     """
 
-    __slots__ = ("_read", "meta")
+    __slots__ = ("_read", "_read_into", "meta")
 
-    def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor],
+                 read_into: Callable[[torch.Tensor], None] | None = None) -> None:
         self.meta = meta
         self._read = read
+        self._read_into = read_into
 
     def read(self) -> torch.Tensor:
         """Read the tensor's data.
@@ -131,6 +136,22 @@ class TensorRef:
             A CPU tensor with the shape and dtype of :attr:`meta`.
         """
         return self._read()
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Copy the tensor's data into ``out``, which has its shape (any dtype or device).
+
+        A contiguous CPU ``out`` of the same dtype is filled straight from the file where the
+        format allows, so no other memory holds the data.
+
+        Args:
+            out: The destination, e.g. a model parameter.
+        """
+        direct = (self._read_into is not None and out.device.type == "cpu"
+                  and out.dtype == self.meta.dtype and out.is_contiguous())
+        if direct and self._read_into is not None:
+            self._read_into(out)
+        else:
+            out.copy_(self.read())
 
     def __repr__(self) -> str:
         return f"TensorRef({self.meta.describe()}, saved on {self.meta.device})"

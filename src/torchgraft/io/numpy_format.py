@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 import numpy as np
 import torch
@@ -56,6 +56,11 @@ def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran:
     order: Literal["C", "F"] = "F" if fortran else "C"
     strides = _element_strides(shape, fortran)
 
+    def read_into(out: torch.Tensor) -> None:
+        cast(FileSource, source).read_into(offset, out, what=f"array '{name}'")
+
+    direct = isinstance(source, FileSource) and dtype.isnative and not fortran
+
     def read() -> torch.Tensor:
         if dtype.isnative:
             flat = source.array(offset, nbytes, torch_dtype, what=f"array '{name}'")
@@ -63,7 +68,7 @@ def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran:
         raw = np.frombuffer(source.read(offset, nbytes), dtype=dtype).reshape(shape, order=order)
         return torch.from_numpy(raw.astype(dtype.newbyteorder("=")))
 
-    return TensorRef(TensorMeta.of(shape, torch_dtype), read)
+    return TensorRef(TensorMeta.of(shape, torch_dtype), read, read_into if direct else None)
 
 
 def _element_strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...]:

@@ -111,17 +111,21 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     root: dict[str, Any] = {}
     for name, entry in entries.items():
         meta = TensorMeta.of(tuple(entry["shape"]), DTYPES[entry["dtype"]])
-        root[name] = TensorRef(meta, _reader(source, start + entry["data_offsets"][0], meta, name))
+        root[name] = _ref(source, start + entry["data_offsets"][0], meta, name)
     if metadata:
         root["__metadata__"] = metadata
     return Contents("safetensors", path, root, [source.close])
 
 
-def _reader(source: ByteSource, offset: int, meta: TensorMeta, name: str) -> Any:
+def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> TensorRef:
     def read() -> torch.Tensor:
         return source.array(offset, meta.nbytes, meta.dtype, what=f"tensor '{name}'").view(
             meta.shape)
-    return read
+
+    def read_into(out: torch.Tensor) -> None:
+        source.read_into(offset, out, what=f"tensor '{name}'")
+
+    return TensorRef(meta, read, read_into)
 
 
 FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic)

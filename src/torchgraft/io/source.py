@@ -11,7 +11,7 @@ import torch
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["ByteSource", "FileSource", "MemorySource", "strided"]
+__all__ = ["ByteSource", "FileSource", "MemorySource", "contiguous_strides", "strided"]
 
 
 class ByteSource:
@@ -101,6 +101,32 @@ class FileSource(ByteSource):
                                          path=self.name)
         return data
 
+    def read_into(self, offset: int, out: torch.Tensor, *, what: str = "data") -> None:
+        """Read bytes at ``offset`` straight into a contiguous CPU tensor's memory.
+
+        Args:
+            offset: First byte.
+            out: The destination; its size in bytes is the number read.
+            what: What is stored there, for error messages.
+
+        Raises:
+            CorruptCheckpointError: If the range is not inside the file.
+        """
+        nbytes = out.numel() * out.element_size()
+        self.check_range(offset, nbytes, what=what)
+        if nbytes == 0:
+            return
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        view = out.detach().reshape(-1).view(torch.uint8).numpy().data
+        done = 0
+        while done < nbytes:
+            count = os.preadv(self._fd, [view[done:]], offset + done)
+            if count <= 0:
+                raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
+                                             path=self.name)
+            done += count
+
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         storage = self._storage
         if storage is None:
@@ -137,6 +163,16 @@ class MemorySource(ByteSource):
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         return torch.frombuffer(bytearray(self.data[offset:offset + nbytes]), dtype=torch.uint8)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a C-contiguous tensor of ``shape``."""
+    strides: list[int] = []
+    step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...], offset: int, *,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from ..errors import CorruptCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import StorageType
-from .source import ByteSource, strided
+from .source import ByteSource, FileSource, contiguous_strides, strided
 
 __all__ = ["Storage", "StorageTensors", "text"]
 
@@ -82,6 +82,10 @@ class StorageTensors(ABC):
     def locate(self, storage: Storage) -> int:
         """Return the offset of the storage's first byte in :attr:`source`."""
 
+    def stored_plainly(self, storage: Storage) -> bool:
+        """Whether the storage's bytes lie as they are in the file (not compressed)."""
+        return True
+
     def read_flat(self, storage: Storage, dtype: torch.dtype) -> torch.Tensor:
         """Read a whole storage as a flat tensor of ``dtype`` (memory-mapped where aligned)."""
         nbytes = storage.numel * storage.dtype.itemsize
@@ -107,4 +111,11 @@ class StorageTensors(ABC):
             return strided(self.flat(storage, view_dtype), size, stride, offset,
                            what=f"storage {storage.key}", source=self.source.name)
 
-        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read)
+        def read_into(out: torch.Tensor) -> None:
+            start = self.locate(storage) + offset * view_dtype.itemsize
+            cast(FileSource, self.source).read_into(start, out, what=f"storage '{storage.key}'")
+
+        direct = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
+                  and stride == contiguous_strides(size) and self.stored_plainly(storage))
+        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read,
+                         read_into if direct else None)

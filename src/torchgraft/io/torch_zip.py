@@ -72,6 +72,10 @@ class _ArchiveTensors(StorageTensors):
                 f"{info.file_size}", path=self.source.name)
         return info
 
+    def stored_plainly(self, storage: Storage) -> bool:
+        info = self.entries.get(f"{self.prefix}data/{storage.key}")
+        return info is not None and info.compress_type == zipfile.ZIP_STORED
+
     def locate(self, storage: Storage) -> int:
         return zip_data_offset(self.source, self._entry(storage))
 

@@ -1,0 +1,262 @@
+"""``build_plan``: which source tensor fills which target tensor, and how, from metadata alone.
+
+Matching runs in steps; each target key records the step that matched it:
+
+1. ``exact``: the same name (after the user's rules and the source layout's renames;
+   then the step says ``rule`` or ``layout``).
+2. ``wrapper``: the same name once wrapper prefixes (``module.``, ``_orig_mod.``, ``model.``)
+   shared by every key of a side are removed, on either side; ``prefix``: the same name
+   under a common prefix one side adds (``backbone.``, ``encoder.``...).
+3. ``structure``: what is left, aligned by order of use, shapes and module kinds.
+
+``match="name"`` stops before structure; ``match="structure"`` goes straight to it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..wrappers import detect_wrappers
+from .adapt import Init, InputChannels, LabelMap, Op, Rows, Transpose, label_pairs
+from .layouts import Layout
+from .rules import Rule, rename
+from .sides import Side, TensorInfo
+from .structure import align
+
+__all__ = ["BOOKKEEPING", "Match", "Plan", "PlanStep", "build_plan", "is_bookkeeping"]
+
+Match = Literal["auto", "name", "structure"]
+
+# Buffers that count steps or hold constants: never a reason for a graft to fail.
+BOOKKEEPING = (
+    re.compile(r"(^|\.)num_batches_tracked$"),
+    re.compile(r"(^|\.)position_ids$"),
+    re.compile(r"(^|\.)attn\.(masked_)?bias$"),
+)
+
+
+def is_bookkeeping(name: str) -> bool:
+    """Whether a key is a bookkeeping buffer (``num_batches_tracked``...)."""
+    return any(p.search(name) for p in BOOKKEEPING)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One target tensor filled from one source tensor.
+
+    Attributes:
+        target: The target key.
+        source: The source key.
+        matched_by: The matching step: exact, rule, layout, wrapper, prefix or structure.
+        ops: Adaptations applied in order; empty for a plain copy.
+        cast: ``"float16->float32"`` when the dtypes differ, else ``""``.
+    """
+
+    target: str
+    source: str
+    matched_by: str
+    ops: tuple[Op, ...] = ()
+    cast: str = ""
+
+    def describe(self) -> str:
+        """What was done to the tensor, for the report (empty for a plain copy)."""
+        parts = [op.describe() for op in self.ops] + ([f"cast {self.cast}"] if self.cast else [])
+        return "; ".join(parts)
+
+
+@dataclass
+class Plan:
+    """Everything a graft will do, decided before any tensor byte is read.
+
+    Attributes:
+        steps: The tensors to fill, in the target's order.
+        missing: Target keys left as they are, with the reason.
+        unused: Source keys not used, with the reason.
+        ambiguous: Number of equally good structural alignments, when structure was ambiguous.
+    """
+
+    steps: list[PlanStep] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    unused: dict[str, str] = field(default_factory=dict)
+    ambiguous: int = 0
+
+
+def _strip_wrappers(names: Sequence[str]) -> dict[str, str]:
+    """Map each name to itself without the wrapper prefixes shared by all names."""
+    prefix = "".join(w.prefix for w in detect_wrappers(names))
+    return {name: name.removeprefix(prefix) for name in names}
+
+
+def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
+    """Pair target and source keys whose transformed names are equal and unique."""
+    by_name: dict[str, list[str]] = {}
+    for source, name in sources.items():
+        by_name.setdefault(name, []).append(source)
+    return {t: by_name[name][0] for t, name in targets.items()
+            if len(by_name.get(name, ())) == 1}
+
+
+def _common_prefixes(targets: list[str], sources: list[str]) -> dict[str, str]:
+    """Pair keys that match once one side's extra prefix (``backbone.``...) is removed."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for t in targets:
+        for s in sources:
+            if s.endswith("." + t):
+                counts[("source", s[: -len(t)])] += 1
+            elif t.endswith("." + s):
+                counts[("target", t[: -len(s)])] += 1
+    pairs: dict[str, str] = {}
+    for (side, prefix), _n in counts.most_common():
+        if side == "source":
+            found = _pair_by({t: t for t in targets if t not in pairs},
+                             {s: s.removeprefix(prefix) for s in sources
+                              if s.startswith(prefix) and s not in pairs.values()})
+        else:
+            found = _pair_by({t: t.removeprefix(prefix) for t in targets
+                              if t.startswith(prefix) and t not in pairs},
+                             {s: s for s in sources if s not in pairs.values()})
+        pairs.update(found)
+    return pairs
+
+
+def _transpose(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> Transpose | None:
+    for layout in layouts:
+        if layout.transposed(src, dst):
+            return Transpose(layout.why)
+    return None
+
+
+def _fits(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bool]:
+    def fits(src: TensorInfo, dst: TensorInfo) -> bool:
+        transposed = _transpose(src, dst, layouts) is not None
+        kinds_differ = src.kind is not None and dst.kind is not None and src.kind != dst.kind
+        if kinds_differ and not transposed:
+            return False
+        return (src.shape[::-1] if transposed else src.shape) == dst.shape
+    return fits
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return str(shape) if len(shape) != 1 else f"({shape[0]},)"
+
+
+def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...], *, init: Init,
+           label_map: LabelMap | None) -> Op | None:
+    """The adaptation turning ``shape`` into the target's, if there is one."""
+    if len(shape) != len(dst.shape) or not shape:
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(shape, dst.shape, strict=True)) if a != b]
+    if differ == [1] and len(shape) in (3, 4, 5) and dst.kind in ("conv", None):
+        return InputChannels(shape[1], dst.shape[1], init)
+    if differ == [0]:
+        pairs = label_pairs(label_map, shape[0], dst.shape[0]) if label_map is not None else None
+        return Rows(shape[0], dst.shape[0], init, pairs)
+    return None
+
+
+def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo,
+            layouts: Sequence[Layout], plan: Plan, *, adapt: bool, init: Init,
+            label_map: LabelMap | None) -> None:
+    transpose = _transpose(src, dst, layouts)
+    shape = src.shape[::-1] if transpose else src.shape
+    ops: list[Op] = [transpose] if transpose else []
+    if shape != dst.shape:
+        op = _adapt(src, dst, shape, init=init, label_map=label_map) if adapt else None
+        if op is None:
+            fix = ("Pass adapt=True to re-initialise it, or a rule that drops it." if not adapt
+                   else "Only a leading dimension (rows) or a convolution's input channels "
+                        "can be adapted; add a rule that drops it.")
+            plan.missing[target] = (f"Cannot load '{target}': checkpoint has "
+                                    f"{_shape_text(shape)} ('{source}'), model expects "
+                                    f"{_shape_text(dst.shape)}. {fix}")
+            plan.unused[source] = f"does not fit '{target}': {_shape_text(shape)} vs " \
+                                  f"{_shape_text(dst.shape)}"
+            return
+        ops.append(op)
+    cast = "" if src.dtype == dst.dtype else \
+        f"{str(src.dtype).removeprefix('torch.')}->{str(dst.dtype).removeprefix('torch.')}"
+    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast))
+
+
+def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
+               layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
+               init: Init = "keep", label_map: LabelMap | None = None) -> Plan:
+    """Decide, from metadata alone, how each target tensor is filled.
+
+    Args:
+        src: The source side (checkpoint, state dict or module).
+        dst: The target model's side.
+        rules: The user's renaming rules, applied first.
+        layouts: The source's framework layouts (renames and transposes).
+        match: ``"auto"`` (names, then structure), ``"name"`` or ``"structure"``.
+        adapt: Allow adaptations (rows, input channels) when shapes differ.
+        init: How new rows are filled: ``"keep"``, ``"normal"`` or ``"zeros"``.
+        label_map: Which source rows fill which target rows in row adaptations.
+
+    Returns:
+        The plan.
+    """
+    plan = Plan()
+    renamed: dict[str, str] = {}
+    how_renamed: dict[str, str] = {}
+    layout_rules = [rule for layout in layouts for rule in layout.renames]
+    for name in src.tensors:
+        new, rule = rename(name, rules)
+        if new is None:
+            plan.unused[name] = f"dropped by rule {rule}"
+            continue
+        laid_out, layout_rule = rename(new, layout_rules)
+        renamed[name] = laid_out or new
+        how_renamed[name] = "rule" if rule else ("layout" if layout_rule else "exact")
+
+    pairs: dict[str, str] = {}
+    how: dict[str, str] = {}
+
+    def take(found: dict[str, str], step: str | None) -> None:
+        for target, source in found.items():
+            if target not in pairs and source not in pairs.values():
+                pairs[target] = source
+                how[target] = step or how_renamed[source]
+
+    if match != "structure":
+        take(_pair_by({t: t for t in dst.tensors}, renamed), None)
+        left_t = [t for t in dst.tensors if t not in pairs]
+        left_s = [s for s in renamed if s not in pairs.values()]
+        stripped_t = _strip_wrappers(list(dst.tensors))
+        stripped_s = _strip_wrappers(list(renamed.values()))
+        take(_pair_by({t: stripped_t[t] for t in left_t},
+                      {s: stripped_s[renamed[s]] for s in left_s}), "wrapper")
+        left_t = [t for t in dst.tensors if t not in pairs]
+        left_s = [s for s in renamed if s not in pairs.values()]
+        by_stripped = {stripped_s[renamed[s]]: s for s in left_s}
+        prefixed = _common_prefixes([stripped_t[t] for t in left_t], list(by_stripped))
+        to_target = {stripped_t[t]: t for t in left_t}
+        take({to_target[t]: by_stripped[s] for t, s in prefixed.items()}, "prefix")
+
+    if match != "name":
+        left_t = [t for t in dst.order if t not in pairs]
+        left_s = [s for s in src.order if s in renamed and s not in pairs.values()]
+        alignment = align(left_t, left_s, dst.tensors, src.tensors, _fits(layouts))
+        plan.ambiguous = alignment.ambiguous
+        take(alignment.pairs, "structure")
+
+    for target in dst.tensors:
+        if target in pairs:
+            source = pairs[target]
+            _decide(target, source, how[target], src.tensors[source], dst.tensors[target],
+                    layouts, plan, adapt=adapt, init=init, label_map=label_map)
+        else:
+            tried = {"auto": "by name or by structure", "name": "by name",
+                     "structure": "by structure"}[match]
+            extra = (f" (structure was ambiguous: {plan.ambiguous} equally good alignments)"
+                     if plan.ambiguous else "")
+            plan.missing[target] = f"no checkpoint tensor matches it {tried}{extra}"
+    used = {step.source for step in plan.steps}
+    for source in renamed:
+        if source not in used and source not in plan.unused:
+            plan.unused[source] = "not in the model"
+    return plan

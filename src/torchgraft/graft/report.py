@@ -1,0 +1,121 @@
+"""The graft report: every key, what happened to it and why; ``GraftError`` for strict grafts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TorchgraftError
+from .plan import Plan, is_bookkeeping
+
+__all__ = ["GraftError", "GraftReport"]
+
+
+@dataclass
+class GraftReport:
+    """What a graft did, per key.
+
+    Attributes:
+        loaded: Target keys filled, in the target's order.
+        mapping: Target key to the source key that filled it.
+        matched_by: Target key to the matching step (exact, rule, layout, wrapper, prefix,
+            structure).
+        adapted: Target key to what was done to the tensor (transposed, rows, channels, cast).
+        missing: Target keys left as they were.
+        unused: Source keys not used.
+        reasons: Key to why it is missing or unused.
+        max_abs_diff: With ``verify=True``: the largest output difference between the source
+            module and the model.
+    """
+
+    loaded: list[str] = field(default_factory=list)
+    mapping: dict[str, str] = field(default_factory=dict)
+    matched_by: dict[str, str] = field(default_factory=dict)
+    adapted: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    max_abs_diff: float | None = None
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> GraftReport:
+        """The report of a plan, once executed."""
+        report = cls()
+        for step in plan.steps:
+            report.loaded.append(step.target)
+            report.mapping[step.target] = step.source
+            report.matched_by[step.target] = step.matched_by
+            if step.describe():
+                report.adapted[step.target] = step.describe()
+        report.missing = list(plan.missing)
+        report.unused = list(plan.unused)
+        report.reasons = {**plan.unused, **plan.missing}
+        return report
+
+    @property
+    def ok(self) -> bool:
+        """True when no target key is missing (bookkeeping buffers aside)."""
+        return not [k for k in self.missing if not is_bookkeeping(k)]
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing is missing or unused (bookkeeping buffers aside): what strict needs."""
+        return self.ok and not [k for k in self.unused if not is_bookkeeping(k)]
+
+    def counts(self) -> dict[str, int]:
+        """Numbers of keys loaded, renamed (matched other than by exact name), adapted..."""
+        return {
+            "loaded": len(self.loaded),
+            "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
+            "adapted": len(self.adapted),
+            "missing": len(self.missing),
+            "unused": len(self.unused),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {"ok": self.ok, "counts": self.counts(), "loaded": self.loaded,
+                "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
+                "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
+                "max_abs_diff": self.max_abs_diff}
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """(status, key, detail) for every key that was not plainly loaded by exact name."""
+        rows = []
+        for key in self.loaded:
+            if key in self.adapted:
+                rows.append(("adapted", key, f"<- {self.mapping[key]}: {self.adapted[key]}"))
+            elif self.matched_by[key] != "exact":
+                rows.append((self.matched_by[key], key, f"<- {self.mapping[key]}"))
+        rows += [("missing", k, self.reasons[k]) for k in self.missing]
+        rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
+        return rows
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{v} {k}" for k, v in self.counts().items())
+        head = f"graft {'ok' if self.ok else 'INCOMPLETE'}: {counts}"
+        if self.max_abs_diff is not None:
+            head += f"; max |output difference| = {self.max_abs_diff:.3g}"
+        return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines())])
+
+
+class GraftError(TorchgraftError):
+    """A strict graft left keys missing or unused.
+
+    Args:
+        report: The full report.
+    """
+
+    def __init__(self, report: GraftReport) -> None:
+        self.report = report
+        problems = [report.reasons[k] for k in report.missing if not is_bookkeeping(k)]
+        problems += [f"'{k}' in the checkpoint is not used: {report.reasons[k]}"
+                     for k in report.unused if not is_bookkeeping(k) and k not in report.missing]
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more; see .report)" if len(problems) > 3 else ""
+        super().__init__(f"strict graft failed: {shown}{more}")

@@ -1,0 +1,122 @@
+"""Renaming rules: ``(regex, replacement)`` pairs; a replacement of ``None`` drops the key."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import MissingDependencyError, TorchgraftError
+
+__all__ = ["Rule", "RulesSpec", "parse_rules", "rename"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    r"""Rename checkpoint keys matching ``pattern`` (``re.sub``), or drop them.
+
+    Attributes:
+        pattern: A regular expression searched in the key.
+        replacement: The ``re.sub`` replacement (``\1`` groups allowed); ``None`` drops the key.
+    """
+
+    pattern: str
+    replacement: str | None
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "regex", re.compile(self.pattern))
+        except re.error as exc:
+            raise TorchgraftError(f"rule pattern {self.pattern!r} is not a regex: {exc}") from None
+
+    def __str__(self) -> str:
+        return f"({self.pattern!r} -> {self.replacement!r})"
+
+
+RulesSpec = (Sequence[tuple[str, str | None] | Sequence[Any] | Rule] | Mapping[str, str | None]
+             | str | os.PathLike[str] | None)
+
+
+def _pairs(data: Any, origin: str) -> Iterable[Rule]:
+    if isinstance(data, Mapping):
+        data = data.get("rules", data) if "rules" in data else list(data.items())
+    if not isinstance(data, (list, tuple)):
+        raise TorchgraftError(f"{origin}: rules must be a list of [pattern, replacement] pairs "
+                              "or a mapping of pattern to replacement")
+    for item in data:
+        if isinstance(item, Rule):
+            yield item
+            continue
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
+                or not (item[1] is None or isinstance(item[1], str))):
+            raise TorchgraftError(f"{origin}: rule {item!r} is not a [pattern, replacement] pair "
+                                  "(replacement: a string, or null to drop the key)")
+        yield Rule(item[0], item[1])
+
+
+def _read_file(path: Path) -> Any:
+    if not path.is_file():
+        raise TorchgraftError("rules file not found", path=path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise MissingDependencyError("yaml", extra="yaml", feature="YAML rules files") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise TorchgraftError(f"the rules file is not valid YAML: {exc}", path=path) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise TorchgraftError(f"the rules file is not valid JSON: {exc}", path=path) from None
+
+
+def parse_rules(spec: RulesSpec) -> list[Rule]:
+    r"""Read rules given as pairs, a mapping, or a JSON/YAML file of either.
+
+    Args:
+        spec: ``[(r"^backbone\.", ""), (r"^head\.", None)]``, ``{r"^backbone\.": ""}``, a path
+            to a ``.json``/``.yaml`` file holding one of those (or ``{"rules": [...]}``), or
+            ``None``.
+
+    Returns:
+        The rules, in the order they apply.
+
+    Raises:
+        TorchgraftError: If a rule or the file is malformed.
+    """
+    if spec is None:
+        return []
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        return list(_pairs(_read_file(path), str(path)))
+    return list(_pairs(spec, "rules"))
+
+
+def rename(name: str, rules: Sequence[Rule]) -> tuple[str | None, Rule | None]:
+    """Apply rules in order to one key.
+
+    Args:
+        name: The key.
+        rules: The rules.
+
+    Returns:
+        The new key (``None`` if a rule dropped it), and the last rule that changed it.
+    """
+    changed_by = None
+    for rule in rules:
+        if rule.replacement is None:
+            if rule.regex.search(name):
+                return None, rule
+            continue
+        new = rule.regex.sub(rule.replacement, name)
+        if new != name:
+            name, changed_by = new, rule
+    return name, changed_by

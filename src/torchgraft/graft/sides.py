@@ -1,0 +1,138 @@
+"""Both sides of a graft, described by metadata: tensor names, shapes, module kinds, order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_tensors", "unwrap"]
+
+# Module class names to the kind used for layouts and structural matching.
+MODULE_KINDS = {
+    "Linear": "linear", "LazyLinear": "linear", "NonDynamicallyQuantizableLinear": "linear",
+    "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv",
+    "ConvTranspose1d": "conv_transpose", "ConvTranspose2d": "conv_transpose",
+    "ConvTranspose3d": "conv_transpose",
+    "BatchNorm1d": "norm", "BatchNorm2d": "norm", "BatchNorm3d": "norm", "SyncBatchNorm": "norm",
+    "LayerNorm": "norm", "GroupNorm": "norm", "RMSNorm": "norm", "InstanceNorm2d": "norm",
+    "Embedding": "embedding",
+    "Conv1D": "gpt2_conv1d",  # transformers.pytorch_utils.Conv1D: a Linear stored [in, out]
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a side, as planning sees it.
+
+    Attributes:
+        name: Its key.
+        shape: Its shape.
+        dtype: Its dtype.
+        kind: Its module's kind (``"linear"``, ``"conv"``, ``"norm"``...), if known.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The owning module's path: the key without its last part."""
+        return self.name.rpartition(".")[0]
+
+
+@dataclass
+class Side:
+    """A source or target, by metadata only.
+
+    Attributes:
+        tensors: Key to info, in definition (or stored) order.
+        order: Keys in order of use (forward hooks) where known, else definition order.
+        format: The checkpoint format of a source read from a file.
+    """
+
+    tensors: dict[str, TensorInfo]
+    order: list[str] = field(default_factory=list)
+    format: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            self.order = list(self.tensors)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Strip DataParallel, DistributedDataParallel and torch.compile wrappers, nested too.
+
+    Args:
+        model: A module, possibly wrapped.
+
+    Returns:
+        The innermost module.
+    """
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
+        else:
+            return model
+
+
+def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
+    """Describe a module's state-dict tensors with their module kinds.
+
+    Args:
+        model: An unwrapped module.
+
+    Returns:
+        Key to info, in state_dict order.
+    """
+    kinds: dict[str, str] = {}
+    for path, module in model.named_modules():
+        kind = MODULE_KINDS.get(type(module).__name__)
+        if kind is not None:
+            for name, _ in [*module.named_parameters(recurse=False),
+                            *module.named_buffers(recurse=False)]:
+                kinds[f"{path}.{name}" if path else name] = kind
+    return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
+            for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...]:
+    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+
+
+def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> list[str]:
+    """Order state-dict keys by when their module is first called on ``example_inputs``.
+
+    Args:
+        model: An unwrapped module.
+        example_inputs: Positional inputs (a tuple, or a lone tensor).
+        names: The module's state-dict keys, in definition order.
+
+    Returns:
+        The keys, modules called earlier first; keys of modules never called keep their
+        definition order at the end.
+    """
+    paths = {module: path for path, module in model.named_modules(remove_duplicate=False)}
+    first_call: dict[str, int] = {}
+
+    def hook(module: nn.Module, _args: Any) -> None:
+        first_call.setdefault(paths.get(module, ""), len(first_call))
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(*_as_args(example_inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    end = len(first_call)
+    position = {name: (first_call.get(name.rpartition(".")[0], end), i)
+                for i, name in enumerate(names)}
+    return sorted(names, key=position.__getitem__)

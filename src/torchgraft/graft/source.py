@@ -1,0 +1,104 @@
+"""What a graft reads from: a checkpoint path, an opened checkpoint, a state dict or a module."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import Checkpoint
+from ..checkpoint import open as open_checkpoint
+from ..errors import TorchgraftError
+from ..meta import TensorMeta, TensorRef
+from .sides import Side, TensorInfo, call_order, module_tensors, unwrap
+
+__all__ = ["GraftSource", "SourceLike", "open_source"]
+
+SourceLike = str | os.PathLike[str] | Mapping[str, torch.Tensor] | nn.Module | Checkpoint
+
+
+@dataclass
+class GraftSource:
+    """A source's metadata and lazy tensors.
+
+    Attributes:
+        side: Metadata for planning.
+        refs: Key to lazy tensor.
+        module: The unwrapped source module, when the source is one.
+        closers: Called by :meth:`close`.
+    """
+
+    side: Side
+    refs: dict[str, TensorRef]
+    module: nn.Module | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Release files opened for the graft."""
+        for close in self.closers:
+            close()
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _in_memory(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorRef]:
+    refs = {}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TorchgraftError(f"state dict entry '{name}' is a {type(tensor).__name__}, "
+                                  "not a tensor")
+        value = tensor.detach()
+        meta = TensorMeta.of(tuple(value.shape), value.dtype, str(value.device))
+        refs[name] = TensorRef(meta, functools.partial(_same, value))
+    return refs
+
+
+def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool = False,
+                weights_key: str | None = None) -> GraftSource:
+    """Describe a graft source.
+
+    Args:
+        source: A checkpoint path, an opened :class:`~torchgraft.Checkpoint`, a state dict,
+            or an ``nn.Module`` (wrappers are stripped).
+        example_inputs: Inputs to order a source module's tensors by use.
+        unsafe: For paths: let pickles call code outside the allow-list.
+        weights_key: For paths: where the weights are in a training checkpoint.
+
+    Returns:
+        The source.
+
+    Raises:
+        TorchgraftError: If the source cannot be read.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        ckpt = open_checkpoint(source, unsafe=unsafe, weights_key=weights_key)
+        opened = _from_checkpoint(ckpt)
+        opened.closers.append(ckpt.close)
+        return opened
+    if isinstance(source, Checkpoint):
+        return _from_checkpoint(source)
+    if isinstance(source, nn.Module):
+        module = unwrap(source)
+        infos = module_tensors(module)
+        order = (call_order(module, example_inputs, list(infos))
+                 if example_inputs is not None else list(infos))
+        return GraftSource(Side(infos, order), _in_memory(module.state_dict()), module)
+    if isinstance(source, Mapping):
+        refs = _in_memory(source)
+        infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
+        return GraftSource(Side(infos), refs)
+    raise TorchgraftError(f"cannot graft from a {type(source).__name__}: pass a checkpoint "
+                          "path, a state dict, an nn.Module or a tg.open() result")
+
+
+def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
+    refs = ckpt.tensor_refs()
+    infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
+    return GraftSource(Side(infos, format=ckpt.format), refs)
