@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from .checkpoint import Checkpoint, open
+from .diff import DiffReport, diff
 from .errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CorruptCheckpointError",
     "DeviceError",
+    "DiffReport",
     "GraftError",
     "GraftReport",
     "MissingDependencyError",
@@ -47,6 +49,7 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "diff",
     "graft",
     "inspect",
     "load",

@@ -8,6 +8,7 @@ import shutil
 import sys
 import types
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,15 +19,17 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-__all__ = ["Example", "LeNet", "write_examples"]
+from .graft import GraftReport
+
+__all__ = ["Example", "GraftStep", "LeNet", "LeNetBN", "graft_tour", "write_examples"]
 
 
 class LeNet(nn.Module):
     """The LeNet of the seed documents: 3x32x32 input, 10 classes."""
 
-    def __init__(self, num_classes: int = 10) -> None:
+    def __init__(self, num_classes: int = 10, in_chans: int = 3) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.conv1 = nn.Conv2d(in_chans, 6, 5)
         self.conv2 = nn.Conv2d(6, 16, 5)
         self.fc1 = nn.Linear(400, 120)
         self.fc2 = nn.Linear(120, 84)
@@ -39,6 +42,43 @@ class LeNet(nn.Module):
         x = torch.relu(self.fc1(x.flatten(1)))
         logits: torch.Tensor = self.fc3(torch.relu(self.fc2(x)))
         return logits
+
+
+class LeNetBN(nn.Module):
+    """PyTorch twin of the shipped Paddle LeNet-BN (scripts/make_paddle_example.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.bn1 = nn.BatchNorm2d(6)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc1 = nn.Linear(400, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Classify a batch of 3x32x32 images."""
+        x = torch.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        logits: torch.Tensor = self.fc3(torch.relu(self.fc2(x)))
+        return logits
+
+
+def _sequential_lenet() -> nn.Module:
+    """The same LeNet written as ``features``/``classifier``: no name in common."""
+    return nn.Sequential(OrderedDict(
+        features=nn.Sequential(nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                               nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()),
+        classifier=nn.Sequential(nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                                 nn.Linear(84, 10)),
+    ))
+
+
+def _pretrained() -> LeNet:
+    torch.manual_seed(0)
+    return LeNet().eval()
 
 
 @dataclass(frozen=True)
@@ -118,8 +158,7 @@ def write_examples(directory: Path) -> list[Example]:
     Returns:
         The examples, in the order the demo shows them.
     """
-    torch.manual_seed(0)
-    model = LeNet()
+    model = _pretrained()
     state = model.state_dict()
     d = directory
     _save_on("cuda:1", nn.DataParallel(model).state_dict(), d / "dataparallel_cuda1.pth")
@@ -159,3 +198,82 @@ def write_examples(directory: Path) -> list[Example]:
         Example("pickle with a code payload", "safety: opening never runs code from the file",
                 d / "payload.pkl", expect_refusal=True),
     ]
+
+
+@dataclass(frozen=True)
+class GraftStep:
+    """One graft of the tour, with the check that shows it worked.
+
+    Attributes:
+        title: A one-line description.
+        problem: The problem from the seed documents that it solves.
+        report: The graft report.
+        check: What was compared, and the result.
+        passed: Whether the check passed.
+    """
+
+    title: str
+    problem: str
+    report: GraftReport
+    check: str
+    passed: bool
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+def graft_tour(directory: Path) -> list[GraftStep]:
+    """Graft the examples written by :func:`write_examples` into models that differ.
+
+    Args:
+        directory: The folder :func:`write_examples` wrote.
+
+    Returns:
+        The steps, each with its report and output check.
+    """
+    from .graft import graft
+
+    pretrained = _pretrained()
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = pretrained(x)
+    steps = []
+
+    bare = LeNet().eval()
+    report = graft(directory / "dataparallel_cuda1.pth", bare)
+    with torch.no_grad():
+        diff = _max_diff(bare(x), expected)
+    steps.append(GraftStep(
+        "DataParallel checkpoint saved on cuda:1 -> bare LeNet on this CPU",
+        "seeds 000-003: strip 'module.' and map cuda:1 to the CPU, in one call", report,
+        f"outputs equal the trained model's: max |diff| = {diff:.3g}", diff == 0.0))
+
+    variant = LeNet(num_classes=21, in_chans=4).eval()
+    report = graft(directory / "lenet.safetensors", variant)
+    with torch.no_grad():
+        logits = variant(torch.cat([x, torch.zeros(2, 1, 32, 32)], dim=1))
+    diff = _max_diff(logits[:, :10], expected)
+    steps.append(GraftStep(
+        "pretrained LeNet -> a 4-channel, 21-class variant",
+        "seeds 001/003: new first conv and a new head, pretrained weights kept", report,
+        f"with the 4th channel zero, its first 10 logits equal the pretrained model's: "
+        f"max |diff| = {diff:.3g}", diff < 1e-5))
+
+    twin = LeNetBN().eval()
+    report = graft(directory / "lenet_bn.pdparams", twin)
+    steps.append(GraftStep(
+        "PaddlePaddle LeNet-BN .pdparams -> PyTorch", "seed 004: paddle weights to PyTorch",
+        report, "BatchNorm statistics renamed, Linear weights transposed; paddle not needed",
+        report.ok))
+
+    renamed = _sequential_lenet().eval()
+    report = graft(directory / "whole_model.pt", renamed)
+    with torch.no_grad():
+        diff = _max_diff(renamed(x), expected)
+    steps.append(GraftStep(
+        "LeNet rewritten as nn.Sequential: no name in common",
+        "seeds 000/003: the layers were renamed", report,
+        f"matched by structure; outputs equal: max |diff| = {diff:.3g}", diff == 0.0))
+    return steps

@@ -1,4 +1,4 @@
-"""``torchgraft demo``: every seed scenario opens and loads on this CPU machine."""
+"""``torchgraft demo``: every seed scenario opens, loads on this CPU machine, and grafts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def test_demo_json(run: Run, tmp_path: Path) -> None:
     result = run("demo", "--json", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    steps = {step["title"]: step for step in json.loads(result.stdout)}
+    data = json.loads(result.stdout)
+    steps = {step["title"]: step for step in data["inspect"]}
     assert len(steps) == 10
     refused = steps.pop("pickle with a code payload")
     assert refused["refused"] == "builtins.print"
@@ -29,9 +30,19 @@ def test_demo_json(run: Run, tmp_path: Path) -> None:
     whole = steps["whole pickled model whose class is gone"]["info"]
     assert whole["model_class"] == "my_lab_models.LeNet"
 
+    grafts = {step["title"]: step for step in data["graft"]}
+    assert len(grafts) == 4 and all(step["passed"] for step in grafts.values())
+    assert all(step["report"]["ok"] for step in grafts.values())
+    variant = grafts["pretrained LeNet -> a 4-channel, 21-class variant"]["report"]
+    assert variant["adapted"]["fc3.weight"] == "rows 10->21: 10 kept, 11 new (init=keep)"
+    renamed = grafts["LeNet rewritten as nn.Sequential: no name in common"]["report"]
+    assert set(renamed["matched_by"].values()) == {"structure"}
+
 
 def test_demo_text(run: Run) -> None:
     result = run("demo")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("loaded 10 tensors") == 8
     assert "refused" in result.stdout
+    assert result.stdout.count("check passed") == 4
+    assert "Paddle stores Linear weights as [in, out]" in result.stdout

@@ -1,4 +1,4 @@
-"""``torchgraft demo``: the seed scenarios, written as real checkpoints and opened."""
+"""``torchgraft demo``: the seed scenarios, written as real checkpoints, opened and grafted."""
 
 from __future__ import annotations
 
@@ -9,13 +9,32 @@ from typing import Any
 import click
 from rich.console import Console
 
-from ..demo import write_examples
+from ..demo import Example, graft_tour, write_examples
 from ..errors import UnsafeCheckpointError
 from ..inspect import inspect as inspect_checkpoint
 from ..load import load
-from .render import print_info, print_json
+from .render import print_info, print_json, print_report
 
 __all__ = ["demo"]
+
+
+def _open_example(example: Example) -> dict[str, Any]:
+    """Inspect and load one example; the payload example must be refused."""
+    if example.expect_refusal:
+        try:
+            inspect_checkpoint(example.path)
+        except UnsafeCheckpointError as exc:
+            return {"title": example.title, "problem": example.problem,
+                    "path": str(example.path), "refused": exc.global_name,
+                    "message": exc.message}
+        raise click.ClickException(f"{example.path} was not refused")
+    info = inspect_checkpoint(example.path)
+    weights = load(example.path)
+    return {"title": example.title, "problem": example.problem,
+            "loaded_tensors": len(weights),
+            "loaded_parameters": sum(t.numel() for t in weights.values()),
+            "loaded_on": sorted({str(t.device) for t in weights.values()}),
+            "info": info}
 
 
 @click.command()
@@ -23,10 +42,10 @@ __all__ = ["demo"]
               help="Write the example checkpoints here (default: a temporary folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def demo(directory: Path | None, as_json: bool) -> int:
-    """Write example checkpoints of the seed scenarios and open each one.
+    """Write example checkpoints of the seed scenarios, open each one, then graft them.
 
-    Each is read without running code from it and loaded on this machine's CPU, whatever
-    device it was saved on.
+    Every file is read without running code from it and loaded on this machine's CPU,
+    whatever device it was saved on; then checkpoints go into models that differ from them.
     """
     console = Console(soft_wrap=as_json)
     with tempfile.TemporaryDirectory(prefix="torchgraft-demo-") as tmp:
@@ -34,33 +53,30 @@ def demo(directory: Path | None, as_json: bool) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         with console.status("writing example checkpoints..."):
             examples = write_examples(folder)
-        results: list[dict[str, Any]] = []
-        for example in examples:
-            if example.expect_refusal:
-                try:
-                    inspect_checkpoint(example.path)
-                except UnsafeCheckpointError as exc:
-                    results.append({"title": example.title, "path": str(example.path),
-                                    "refused": exc.global_name})
-                    if not as_json:
-                        console.rule(f"[bold]{example.title}[/bold]")
-                        console.print(f"  [dim]{example.problem}[/dim]")
-                        console.print(f"  [green]refused[/green]: {exc.message}")
-                    continue
-                raise click.ClickException(f"{example.path} was not refused")
-            info = inspect_checkpoint(example.path)
-            weights = load(example.path)
-            total = sum(t.numel() for t in weights.values())
-            results.append({"title": example.title, "problem": example.problem,
-                            "loaded_tensors": len(weights), "loaded_parameters": total,
-                            "loaded_on": sorted({str(t.device) for t in weights.values()}),
-                            "info": info.to_dict()})
-            if not as_json:
-                console.rule(f"[bold]{example.title}[/bold]")
-                console.print(f"  [dim]{example.problem}[/dim]")
-                print_info(console, info, limit=4)
-                console.print(f"  [green]loaded[/green] {len(weights)} tensors ({total:,} "
-                              "parameters) onto cpu")
-        if as_json:
-            print_json(console, results)
-    return 0
+        opened = [_open_example(example) for example in examples]
+        with console.status("grafting..."):
+            grafts = graft_tour(folder)
+    if as_json:
+        print_json(console, {
+            "inspect": [{**o, "info": o["info"].to_dict()} if "info" in o else o for o in opened],
+            "graft": [{"title": g.title, "problem": g.problem, "check": g.check,
+                       "passed": g.passed, "report": g.report.to_dict()} for g in grafts]})
+        return 0
+    console.rule("[bold]1. Open any checkpoint[/bold]")
+    for item in opened:
+        console.rule(f"[bold]{item['title']}[/bold]", style="dim")
+        console.print(f"  [dim]{item['problem']}[/dim]")
+        if "refused" in item:
+            console.print(f"  [green]refused[/green]: {item['message']}")
+            continue
+        print_info(console, item["info"], limit=4)
+        console.print(f"  [green]loaded[/green] {item['loaded_tensors']} tensors "
+                      f"({item['loaded_parameters']:,} parameters) onto cpu")
+    console.rule("[bold]2. Graft into models that differ[/bold]")
+    for step in grafts:
+        console.rule(f"[bold]{step.title}[/bold]", style="dim")
+        console.print(f"  [dim]{step.problem}[/dim]")
+        print_report(console, step.report)
+        mark = "[green]check passed[/green]" if step.passed else "[red]check FAILED[/red]"
+        console.print(f"  {mark}: {step.check}")
+    return 0 if all(step.passed for step in grafts) else 1

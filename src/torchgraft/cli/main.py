@@ -1,6 +1,7 @@
 """The ``torchgraft`` command group, its exit codes and its error reporting.
 
-Exit codes: 0 ok, 2 bad input (missing file, unknown format, corrupt or unsafe file, bad
+Exit codes: 0 ok, 1 the work is incomplete (a graft left keys missing, a diff found
+differences), 2 bad input (missing file, unknown format, corrupt or unsafe file, bad
 arguments). Errors are one line on stderr naming the file; ``--debug`` adds the traceback.
 """
 
@@ -15,6 +16,8 @@ import click
 from .. import __version__
 from ..errors import TorchgraftError
 from .demo_command import demo
+from .diff_command import diff_command
+from .graft_command import graft_command
 from .inspect_command import inspect
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "cli", "main"]
@@ -33,6 +36,8 @@ def cli(debug: bool) -> None:
 
 
 cli.add_command(inspect)
+cli.add_command(graft_command)
+cli.add_command(diff_command)
 cli.add_command(demo)
 
 

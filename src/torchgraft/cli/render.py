@@ -6,12 +6,14 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from ..graft import GraftReport
 from ..inspect import CheckpointInfo
 from ..meta import dtype_name
 
-__all__ = ["human_bytes", "print_info", "print_json"]
+__all__ = ["human_bytes", "print_info", "print_json", "print_report"]
 
 
 def human_bytes(n: int) -> str:
@@ -66,7 +68,34 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         table.add_column(column)
     shown = info.tensors if limit is None else info.tensors[:limit]
     for name, meta in shown:
-        table.add_row(name, str(tuple(meta.shape)), dtype_name(meta.dtype))
+        table.add_row(escape(name), str(tuple(meta.shape)), dtype_name(meta.dtype))
     console.print(table)
     if len(shown) < len(info.tensors):
         console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")
+
+
+_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta"}
+
+
+def print_report(console: Console, report: GraftReport) -> None:
+    """Print a graft report: counts, then one line per key not plainly loaded.
+
+    Args:
+        console: Where to print.
+        report: The report.
+    """
+    counts = "  ".join(f"{k} [bold]{v}[/bold]" for k, v in report.counts().items())
+    status = "[green]ok[/green]" if report.ok else "[red]incomplete[/red]"
+    console.print(f"graft {status}: {counts}")
+    if report.max_abs_diff is not None:
+        console.print(f"  max |output difference| = {report.max_abs_diff:.3g}")
+    rows = report.lines()
+    if not rows:
+        return
+    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for column in ("status", "key", "detail"):
+        table.add_column(column, overflow="fold")
+    for state, key, detail in rows:
+        style = _STATUS_STYLE.get(state, "cyan")
+        table.add_row(f"[{style}]{state}[/{style}]", escape(key), escape(detail))
+    console.print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, get_args
 
 from torch import nn
@@ -26,7 +27,8 @@ logger = logging.getLogger("torchgraft")
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, verify: bool = False, label_map: LabelMap | None = None,
-          unsafe: bool = False, weights_key: str | None = None) -> GraftReport:
+          unsafe: bool = False, weights_key: str | None = None,
+          progress: Callable[[int, int], None] | None = None) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
@@ -56,6 +58,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             rows (``None`` for a new row).
         unsafe: For checkpoint paths: let pickles call code outside the allow-list.
         weights_key: For checkpoint paths: where the weights are in a training checkpoint.
+        progress: Called with (tensors done, total) as tensors are filled.
 
     Returns:
         The report: loaded, mapping, adapted, missing, unused, reasons, ok.
@@ -83,7 +86,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               init=init, label_map=label_map)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
-        execute_plan(plan, opened.refs, target.state_dict(keep_vars=True))
+        execute_plan(plan, opened.refs, target.state_dict(keep_vars=True), progress=progress)
     finally:
         opened.close()
     report = GraftReport.from_plan(plan)

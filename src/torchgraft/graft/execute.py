@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -14,7 +15,8 @@ __all__ = ["execute_plan"]
 logger = logging.getLogger("torchgraft")
 
 
-def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor]) -> None:
+def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor], *,
+                 progress: Callable[[int, int], None] | None = None) -> None:
     """Fill the target tensors in place, one at a time.
 
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
@@ -24,15 +26,18 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         plan: The plan.
         refs: Source key to lazy tensor.
         targets: Target key to the model's parameter or buffer (filled in place).
+        progress: Called with (tensors done, total) after each tensor.
     """
     with torch.no_grad():
-        for step in plan.steps:
+        for done, step in enumerate(plan.steps, start=1):
             ref, out = refs[step.source], targets[step.target]
-            if not step.ops:
+            if step.ops:
+                tensor = ref.read()
+                for op in step.ops:
+                    tensor = op.apply(tensor, out.detach().cpu())
+                out.copy_(tensor)
+                logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
+            else:
                 ref.read_into(out)
-                continue
-            tensor = ref.read()
-            for op in step.ops:
-                tensor = op.apply(tensor, out.detach().cpu())
-            out.copy_(tensor)
-            logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
+            if progress is not None:
+                progress(done, len(plan.steps))

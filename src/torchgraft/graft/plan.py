@@ -249,6 +249,9 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
             source = pairs[target]
             _decide(target, source, how[target], src.tensors[source], dst.tensors[target],
                     layouts, plan, adapt=adapt, init=init, label_map=label_map)
+        elif is_bookkeeping(target):
+            plan.missing[target] = ("a bookkeeping buffer the checkpoint lacks; left as it is "
+                                    "(never fails a graft)")
         else:
             tried = {"auto": "by name or by structure", "name": "by name",
                      "structure": "by structure"}[match]

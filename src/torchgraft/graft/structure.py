@@ -1,7 +1,9 @@
 """Structural matching: align modules by order of use and shapes, when names share nothing.
 
-Both sides' unmatched tensors are grouped by module, in order of use. Two modules correspond
-when they hold the same number of tensors and each pair fits (same shape, or the layout's
+Both sides' unmatched tensors are grouped by module, in order of use (a file's stored order
+stands for its order of definition; safetensors files store names sorted, so their order of
+definition is lost). Two modules correspond when they hold the same number of tensors and
+each pair (by leaf name where both sides use the same ones) fits (same shape, or the layout's
 transposed shape; same module kind where both kinds are known). The longest common
 subsequence of corresponding modules is the alignment, and it is taken only when it is the
 only longest one: an ambiguous structure matches nothing.
@@ -39,6 +41,25 @@ def _groups(order: list[str], infos: dict[str, TensorInfo]) -> list[list[TensorI
     return list(groups.values())
 
 
+def _leaf(info: TensorInfo) -> str:
+    return info.name.rpartition(".")[2]
+
+
+def _paired(targets: list[TensorInfo],
+            sources: list[TensorInfo]) -> list[tuple[TensorInfo, TensorInfo]] | None:
+    """Pair two modules' tensors; ``None`` if their counts differ.
+
+    Tensors pair by leaf name (weight, bias...) when both modules use the same names, else in
+    order.
+    """
+    if len(targets) != len(sources):
+        return None
+    by_leaf = {_leaf(s): s for s in sources}
+    if {_leaf(t) for t in targets} == set(by_leaf):
+        return [(t, by_leaf[_leaf(t)]) for t in targets]
+    return list(zip(targets, sources, strict=True))
+
+
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
           source_infos: dict[str, TensorInfo], fits: Fits) -> Alignment:
     """Align unmatched target and source tensors by structure.
@@ -60,7 +81,8 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         return Alignment({})
 
     def same(i: int, j: int) -> bool:
-        return len(a[i]) == len(b[j]) and all(fits(s, t) for t, s in zip(a[i], b[j], strict=True))
+        pairs = _paired(a[i], b[j])
+        return pairs is not None and all(fits(s, t) for t, s in pairs)
 
     match = [[same(i, j) for j in range(m)] for i in range(n)]
     length = [[0] * (m + 1) for _ in range(n + 1)]
@@ -89,7 +111,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     i, j = n, m
     while i and j:
         if match[i - 1][j - 1] and length[i][j] == length[i - 1][j - 1] + 1:
-            for t, s in zip(a[i - 1], b[j - 1], strict=True):
+            for t, s in _paired(a[i - 1], b[j - 1]) or ():
                 pairs[t.name] = s.name
             i, j = i - 1, j - 1
         elif length[i - 1][j] == length[i][j]:

@@ -1,0 +1,50 @@
+"""Atomic file writes: a failed or killed write never leaves a partial file at the destination."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import TorchgraftError
+
+__all__ = ["atomic_path"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it is fsynced and renamed over it.
+
+    Args:
+        path: The destination.
+        overwrite: Replace an existing file; otherwise an existing one is an error.
+
+    Yields:
+        The temporary file's path, to write to.
+
+    Raises:
+        TorchgraftError: If ``path`` exists and ``overwrite`` is false.
+    """
+    destination = Path(path)
+    if destination.exists() and not overwrite:
+        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it", path=destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp",
+                                dir=destination.parent)
+    os.close(fd)
+    temporary = Path(name)
+    try:
+        yield temporary
+        with temporary.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(temporary, destination)
+        directory = os.open(destination.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    finally:
+        temporary.unlink(missing_ok=True)

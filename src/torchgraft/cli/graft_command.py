@@ -1,0 +1,80 @@
+"""``torchgraft graft``: fill a model built from a factory, save it, print the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import torch
+from rich.console import Console
+from rich.progress import Progress
+from torch import nn
+
+from ..atomic import atomic_path
+from ..graft import GraftError, GraftReport, graft
+from .factory import build_model
+from .render import print_json, print_report
+
+__all__ = ["graft_command"]
+
+
+def _save(model: nn.Module, path: Path, *, overwrite: bool) -> None:
+    """Save the model's weights, as safetensors or torch.save by the file's suffix."""
+    with atomic_path(path, overwrite=overwrite) as temporary:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import save_model
+
+            save_model(model, str(temporary))  # writes tied weights once
+        else:
+            torch.save(model.state_dict(), temporary)
+
+
+@click.command("graft")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--model", "model_spec", required=True, metavar="MODULE:FACTORY",
+              help="Builds the target: package.module:factory or path/to/file.py:factory.")
+@click.option("--model-kwargs", default=None, metavar="JSON", help="Keyword arguments for it.")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Where to save the grafted weights (.safetensors, else torch.save).")
+@click.option("--rules", type=click.Path(path_type=Path), default=None,
+              help="JSON/YAML file of [pattern, replacement] rules (null drops a key).")
+@click.option("--match", type=click.Choice(["auto", "name", "structure"]), default="auto")
+@click.option("--init", type=click.Choice(["keep", "normal", "zeros"]), default="keep",
+              help="How new rows of adapted tensors are filled.")
+@click.option("--no-adapt", is_flag=True, help="Copy exact shapes only.")
+@click.option("--strict", is_flag=True, help="Fail if any key is missing or unused.")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
+                                             "files only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
+                  rules: Path | None, match: str, init: str, no_adapt: bool, strict: bool,
+                  overwrite: bool, unsafe: bool, as_json: bool) -> int:
+    """Graft SOURCE (any checkpoint) into a model and save the result.
+
+    Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
+    2 bad input.
+    """
+    console = Console(soft_wrap=as_json)
+    if out.exists() and not overwrite:
+        raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
+    model = build_model(model_spec, model_kwargs)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("grafting", total=None)
+        try:
+            report: GraftReport = graft(
+                source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
+                init=init, strict=strict, unsafe=unsafe,  # type: ignore[arg-type]
+                progress=lambda done, total: bar.update(task, completed=done, total=total))
+            failed = None
+        except GraftError as exc:
+            report, failed = exc.report, str(exc)
+    if failed is None:
+        _save(model, out, overwrite=overwrite)
+    if as_json:
+        print_json(console, {**report.to_dict(), "out": None if failed else str(out),
+                             "error": failed})
+    else:
+        print_report(console, report)
+        console.print(f"[red]{failed}[/red]" if failed else f"saved {out}")
+    return 0 if report.ok and failed is None else 1

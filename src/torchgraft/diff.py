@@ -1,0 +1,115 @@
+"""``tg.diff``: which names, shapes, dtypes and values differ between two sets of weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .graft.source import SourceLike, open_source
+from .meta import dtype_name
+
+__all__ = ["DiffReport", "diff"]
+
+
+@dataclass
+class DiffReport:
+    """Differences between two sets of weights, by name.
+
+    Attributes:
+        only_in_a: Names only the first has.
+        only_in_b: Names only the second has.
+        shapes: Name to (shape in a, shape in b), where they differ.
+        dtypes: Name to (dtype in a, dtype in b), where they differ.
+        values: Name to the largest absolute difference, for same-shape tensors that differ.
+        equal: Names whose tensors are equal (same shape and values; NaNs equal NaNs).
+    """
+
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    dtypes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    equal: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        """True when both hold the same names with equal tensors of the same dtypes."""
+        return not (self.only_in_a or self.only_in_b or self.shapes or self.dtypes
+                    or self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {"identical": self.identical, "only_in_a": self.only_in_a,
+                "only_in_b": self.only_in_b,
+                "shapes": {k: [list(a), list(b)] for k, (a, b) in self.shapes.items()},
+                "dtypes": {k: list(v) for k, v in self.dtypes.items()},
+                "values": self.values, "equal": len(self.equal)}
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Return the report as JSON text."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        if self.identical:
+            return f"identical: {len(self.equal)} tensors"
+        lines = [f"differ: {len(self.equal)} equal, {len(self.values)} with other values, "
+                 f"{len(self.shapes)} with other shapes, {len(self.dtypes)} with other dtypes, "
+                 f"{len(self.only_in_a)} only in A, {len(self.only_in_b)} only in B"]
+        lines += [f"  only in A  {k}" for k in self.only_in_a]
+        lines += [f"  only in B  {k}" for k in self.only_in_b]
+        lines += [f"  shape      {k}  {a} vs {b}" for k, (a, b) in self.shapes.items()]
+        lines += [f"  dtype      {k}  {a} vs {b}" for k, (a, b) in self.dtypes.items()]
+        lines += [f"  values     {k}  max |a - b| = {d:.3g}" for k, d in self.values.items()]
+        return "\n".join(lines)
+
+
+def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False) -> DiffReport:
+    """Compare two sets of weights by name, reading one pair of tensors at a time.
+
+    Args:
+        a: A checkpoint path, state dict, ``nn.Module`` or :func:`torchgraft.open` result.
+        b: The same kinds.
+        unsafe: For checkpoint paths: let pickles call code outside the allow-list.
+
+    Returns:
+        The differences.
+
+    Raises:
+        TorchgraftError: If either side cannot be read.
+    """
+    left = open_source(a, unsafe=unsafe)
+    try:
+        right = open_source(b, unsafe=unsafe)
+    except BaseException:
+        left.close()
+        raise
+    report = DiffReport()
+    try:
+        report.only_in_a = [k for k in left.refs if k not in right.refs]
+        report.only_in_b = [k for k in right.refs if k not in left.refs]
+        for name, ref_a in left.refs.items():
+            ref_b = right.refs.get(name)
+            if ref_b is None:
+                continue
+            if ref_a.meta.shape != ref_b.meta.shape:
+                report.shapes[name] = (ref_a.meta.shape, ref_b.meta.shape)
+                continue
+            if ref_a.meta.dtype != ref_b.meta.dtype:
+                report.dtypes[name] = (dtype_name(ref_a.meta.dtype), dtype_name(ref_b.meta.dtype))
+            x, y = ref_a.read().cpu(), ref_b.read().cpu()
+            if x.dtype == y.dtype and torch.equal(x, y):
+                report.equal.append(name)
+                continue
+            x, y = x.to(torch.float64), y.to(torch.float64)
+            nan = x.isnan()
+            if torch.equal(nan, y.isnan()) and torch.equal(x[~nan], y[~nan]):
+                report.equal.append(name)
+            else:
+                report.values[name] = float((x - y).abs().nan_to_num(float("inf")).max())
+    finally:
+        left.close()
+        right.close()
+    return report

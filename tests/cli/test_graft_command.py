@@ -1,0 +1,104 @@
+"""``torchgraft graft`` and ``torchgraft diff`` through the entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from tests.helpers import save_on
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+MODELS = '''
+from torch import nn
+def net(num_classes=5, in_chans=3):
+    m = nn.Sequential()
+    m.conv = nn.Conv2d(in_chans, 8, 3)
+    m.fc = nn.Linear(8, num_classes)
+    return m
+'''
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+    models = tmp_path / "mymodels.py"
+    models.write_text(MODELS)
+    torch.manual_seed(0)
+    trained = nn.Sequential()
+    trained.conv = nn.Conv2d(3, 8, 3)
+    trained.fc = nn.Linear(8, 10)
+    ckpt = tmp_path / "ckpt.pth"
+    save_on("cuda:1", {"epoch": 2, "state_dict": nn.DataParallel(trained).state_dict()}, ckpt)
+    return models, ckpt, trained.state_dict()
+
+
+def test_graft_adapts_and_saves_safetensors(run: Run, tmp_path: Path, setup: tuple) -> None:
+    models, ckpt, trained = setup
+    out = tmp_path / "out.safetensors"
+    result = run("graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
+                 '{"num_classes": 21, "in_chans": 4}', "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "graft ok" in result.stdout and "rows 10->21: 10 kept, 11 new" in result.stdout
+    saved = load_file(out)
+    assert torch.equal(saved["conv.weight"][:, :3], trained["conv.weight"])
+    assert torch.equal(saved["fc.bias"][:10], trained["fc.bias"])
+
+
+def test_graft_json_missing_and_strict_exit_1(run: Run, tmp_path: Path, setup: tuple) -> None:
+    models, ckpt, _ = setup
+    args = ["graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
+            '{"num_classes": 21}']
+    result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["missing"] == ["fc.weight", "fc.bias"] and data["out"] == str(tmp_path / "a.pt")
+    assert set(torch.load(tmp_path / "a.pt", weights_only=True)) == {"conv.weight", "conv.bias",
+                                                                      "fc.weight", "fc.bias"}
+    strict = run(*args, "--out", str(tmp_path / "b.pt"), "--no-adapt", "--strict")
+    assert strict.returncode == 1
+    assert "strict graft failed: Cannot load 'fc.weight'" in strict.stdout
+    assert not (tmp_path / "b.pt").exists()
+
+
+def test_graft_bad_input_exit_2(run: Run, tmp_path: Path, setup: tuple) -> None:
+    models, ckpt, _ = setup
+    existing = tmp_path / "exists.pt"
+    existing.write_bytes(b"keep me")
+    cases = [
+        (["--model", "nope_module:net", "--out", str(tmp_path / "x.pt")], "cannot import"),
+        (["--model", f"{models}:net", "--model-kwargs", "{oops", "--out",
+          str(tmp_path / "x.pt")], "not valid JSON"),
+        (["--model", f"{models}:net", "--out", str(existing)], "--overwrite"),
+        (["--model", "no-colon", "--out", str(tmp_path / "x.pt")], "MODULE:FACTORY"),
+    ]
+    for extra, message in cases:
+        result = run("graft", str(ckpt), *extra)
+        assert result.returncode == 2, (extra, result.stderr)
+        assert message in result.stderr
+    assert existing.read_bytes() == b"keep me"
+    missing = run("graft", str(tmp_path / "nope.pt"), "--model", f"{models}:net", "--out",
+                  str(tmp_path / "y.pt"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_diff(run: Run, tmp_path: Path) -> None:
+    a, b = tmp_path / "a.pt", tmp_path / "b.safetensors"
+    torch.save({"w": torch.ones(3), "v": torch.zeros(2)}, a)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(3), "v": torch.zeros(2)}, b)
+    same = run("diff", str(a), str(b))
+    assert same.returncode == 0 and "identical: 2 tensors" in same.stdout
+    save_file({"w": torch.ones(3) * 2, "u": torch.zeros(2)}, b)
+    result = run("diff", str(a), str(b), "--json")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["values"] == {"w": 1.0} and data["only_in_a"] == ["v"]
+    assert data["only_in_b"] == ["u"]
