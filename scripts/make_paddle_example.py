@@ -1,7 +1,9 @@
 """Regenerate the shipped Paddle example: ``src/torchgraft/examples/lenet_bn.pdparams``.
 
 A LeNet-5 with BatchNorm, built and saved by real PaddlePaddle (random weights and BatchNorm
-statistics), so the demo can show a Paddle checkpoint on machines without paddle.
+statistics), so the demo can show a Paddle checkpoint on machines without paddle; beside it,
+``lenet_bn_io.npz`` holds an input and the logits Paddle computed for it (eval mode), which
+the demo compares with the grafted PyTorch model's.
 Run: python scripts/make_paddle_example.py
 """
 
@@ -9,10 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import paddle
 from paddle import nn
 
-OUT = Path(__file__).resolve().parents[1] / "src/torchgraft/examples/lenet_bn.pdparams"
+EXAMPLES = Path(__file__).resolve().parents[1] / "src/torchgraft/examples"
+OUT = EXAMPLES / "lenet_bn.pdparams"
 
 
 class LeNetBN(nn.Layer):
@@ -28,6 +32,14 @@ class LeNetBN(nn.Layer):
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, 10)
 
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Classify a batch of 3x32x32 images."""
+        pool = nn.functional.max_pool2d
+        x = pool(nn.functional.relu(self.bn1(self.conv1(x))), 2)
+        x = pool(nn.functional.relu(self.bn2(self.conv2(x))), 2)
+        x = nn.functional.relu(self.fc1(x.flatten(1)))
+        return self.fc3(nn.functional.relu(self.fc2(x)))
+
 
 def main() -> None:
     """Build the model with random weights and statistics, and save it."""
@@ -37,7 +49,11 @@ def main() -> None:
         bn._mean.set_value(paddle.rand(bn._mean.shape) * 0.5)
         bn._variance.set_value(paddle.rand(bn._variance.shape) + 0.5)
     paddle.save(model.state_dict(), str(OUT))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
+    model.eval()
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    logits = model(paddle.to_tensor(x)).numpy()
+    np.savez(EXAMPLES / "lenet_bn_io.npz", x=x, logits=logits)
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes) and lenet_bn_io.npz")
 
 
 if __name__ == "__main__":
