@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from .checkpoint import Checkpoint, open
+from .convert import ConvertReport, convert
 from .diff import DiffReport, diff
 from .errors import (
     CheckpointNotFoundError,
@@ -32,14 +33,19 @@ from .graft import GraftError, GraftReport, graft, unwrap
 from .inspect import CheckpointInfo, inspect
 from .load import load
 from .meta import TensorMeta
+from .onnx_export import ExportReport, export_onnx
+from .save import save
+from .seed import seed_everything
 
 __all__ = [
     "Checkpoint",
     "CheckpointInfo",
     "CheckpointNotFoundError",
+    "ConvertReport",
     "CorruptCheckpointError",
     "DeviceError",
     "DiffReport",
+    "ExportReport",
     "GraftError",
     "GraftReport",
     "MissingDependencyError",
@@ -49,11 +55,15 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "convert",
     "diff",
+    "export_onnx",
     "graft",
     "inspect",
     "load",
     "open",
+    "save",
+    "seed_everything",
     "unwrap",
 ]
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import TorchgraftError
 
-__all__ = ["atomic_path"]
+__all__ = ["atomic_dir", "atomic_path"]
 
 
 @contextlib.contextmanager
@@ -48,3 +49,34 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
             os.close(directory)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory path beside ``path``; on success it is renamed to ``path``.
+
+    Args:
+        path: The destination directory.
+        overwrite: Replace an existing file or directory; otherwise it is an error.
+
+    Yields:
+        A path that does not exist yet, for the writer to create.
+
+    Raises:
+        TorchgraftError: If ``path`` exists and ``overwrite`` is false.
+    """
+    destination = Path(path)
+    if destination.exists() and not overwrite:
+        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it", path=destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    temporary = work / "new"
+    try:
+        yield temporary
+        if destination.exists():
+            old = work / "old"
+            os.replace(destination, old)
+        os.replace(temporary, destination)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch
 
@@ -120,6 +121,11 @@ class Checkpoint:
     def wrappers(self) -> list[Wrapper]:
         """Training wrappers seen in the weight names (``module.``, ``_orig_mod.``, ``model.``)."""
         return detect_wrappers(self._weights)
+
+    @property
+    def raw_root(self) -> Any:
+        """The saved object as read: lazy tensors, inert pickled objects, plain data."""
+        return self._contents.root
 
     def tensor_refs(self) -> dict[str, TensorRef]:
         """Return every weight as a lazy reference, in stored order (nothing is read)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,13 +121,17 @@ class TensorRef:
             cannot.
     """
 
-    __slots__ = ("_read", "_read_into", "meta")
+    __slots__ = ("_read", "_read_into", "alias_key", "meta")
 
     def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor],
-                 read_into: Callable[[torch.Tensor], None] | None = None) -> None:
+                 read_into: Callable[[torch.Tensor], None] | None = None, *,
+                 alias_key: Hashable | None = None) -> None:
         self.meta = meta
         self._read = read
         self._read_into = read_into
+        #: Equal for references to the very same data (tied weights); by default a reference
+        #: is only its own alias.
+        self.alias_key: Hashable = alias_key if alias_key is not None else ("ref", id(self))
 
     def read(self) -> torch.Tensor:
         """Read the tensor's data.

@@ -23,6 +23,7 @@ class Layout:
         name: Shown in reports.
         applies: Whether a source uses this layout.
         renames: Rules from this layout's names to PyTorch's.
+        exports: Rules from PyTorch's names to this layout's (``None`` drops what it lacks).
         transposed: Whether a source tensor is stored transposed relative to a target tensor.
         why: Shown in reports for transposed tensors.
     """
@@ -30,6 +31,7 @@ class Layout:
     name: str
     applies: Callable[[Side], bool]
     renames: tuple[Rule, ...] = ()
+    exports: tuple[Rule, ...] = ()
     transposed: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
     why: str = ""
 
@@ -42,6 +44,8 @@ PADDLE = Layout(
     name="paddle",
     applies=lambda side: side.format == "paddle",
     renames=(Rule(r"\._mean$", ".running_mean"), Rule(r"\._variance$", ".running_var")),
+    exports=(Rule(r"\.running_mean$", "._mean"), Rule(r"\.running_var$", "._variance"),
+             Rule(r"(^|\.)num_batches_tracked$", None)),
     transposed=lambda src, dst: _linear_weight(dst) and len(src.shape) == 2,
     why="Paddle stores Linear weights as [in, out]",
 )

@@ -56,7 +56,9 @@ def _in_memory(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorRef]:
                                   "not a tensor")
         value = tensor.detach()
         meta = TensorMeta.of(tuple(value.shape), value.dtype, str(value.device))
-        refs[name] = TensorRef(meta, functools.partial(_same, value))
+        alias = (value.untyped_storage().data_ptr(), value.storage_offset(),
+                 tuple(value.shape), value.stride(), value.dtype, value.device)
+        refs[name] = TensorRef(meta, functools.partial(_same, value), alias_key=alias)
     return refs
 
 

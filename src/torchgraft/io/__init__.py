@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from . import dcp, numpy_format, pickle_format, safetensors_format, sharded, torch_legacy, torch_zip
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 from .registry import detect, formats, open_contents, register
 
-__all__ = ["Contents", "Format", "ReadOptions", "detect", "formats", "open_contents", "register"]
+__all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "detect", "formats", "open_contents",
+           "register"]
 
 # Legacy torch files are pickles too: their magic must be tried before the plain pickle's.
 for _fmt in (

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Contents", "Format", "ReadOptions"]
+import torch
+
+from ..meta import TensorRef
+
+__all__ = ["Contents", "Format", "ReadOptions", "WriteJob"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,69 @@ class Contents:
         self.closers.clear()
 
 
+@dataclass
+class WriteJob:
+    """What a writer writes: named lazy tensors, read one at a time, plus what goes beside them.
+
+    Attributes:
+        tensors: Name to lazy tensor, in the order to write.
+        dtype: Cast floating-point tensors to this dtype while writing.
+        metadata: String metadata (safetensors header, shard index).
+        extras: Plain data to keep beside the weights (torch formats; safetensors as JSON
+            strings in the metadata).
+        weights_key: Where the weights go in a torch file with extras (``"state_dict"``).
+        kinds: Name to module kind (``"linear"``...), for layouts that store some weights
+            transposed (Paddle).
+        legacy: For torch files: the pre-1.6 (non-zip) serialization.
+        progress: Called with (tensors done, total).
+    """
+
+    tensors: dict[str, TensorRef]
+    dtype: torch.dtype | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    weights_key: str = ""
+    kinds: dict[str, str | None] = field(default_factory=dict)
+    legacy: bool = False
+    progress: Callable[[int, int], None] | None = None
+
+    def out_dtype(self, ref: TensorRef) -> torch.dtype:
+        """The dtype a tensor is written with: ``dtype`` for floating tensors, else its own."""
+        if self.dtype is not None and ref.meta.dtype.is_floating_point:
+            return self.dtype
+        return ref.meta.dtype
+
+    def read(self, name: str) -> torch.Tensor:
+        """Read one tensor as written: on the CPU, contiguous, cast.
+
+        A fresh buffer is filled straight from the file where the format allows, so only
+        this tensor is in memory.
+        """
+        ref = self.tensors[name]
+        buffer = torch.empty(ref.meta.shape, dtype=ref.meta.dtype)
+        ref.read_into(buffer)
+        return buffer.to(self.out_dtype(ref))
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        """Every tensor as written, each in its own memory, tied names sharing theirs.
+
+        For formats that need all tensors at once (torch.save, DCP). Each tensor gets its own
+        storage: views into a memory-mapped source would make torch write the whole mapping.
+        """
+        out: dict[str, torch.Tensor] = {}
+        by_alias: dict[Any, torch.Tensor] = {}
+        for name, ref in self.tensors.items():
+            if ref.alias_key not in by_alias:
+                by_alias[ref.alias_key] = self.read(name)
+            out[name] = by_alias[ref.alias_key]
+        return out
+
+    def done(self, count: int) -> None:
+        """Report progress."""
+        if self.progress is not None:
+            self.progress(count, len(self.tensors))
+
+
 @dataclass(frozen=True)
 class Format:
     """A checkpoint format: its name, how to recognise it, and how to open it.
@@ -55,6 +122,8 @@ class Format:
         suffixes: File name endings of this format, e.g. ``(".safetensors",)``.
         magic: Recognises the format from a file's first bytes; checked before suffixes.
         claims_directory: Recognises a directory that is itself a checkpoint (DCP).
+        writes: The name ``tg.save(format=...)`` uses for this format's writer, if it has one.
+        write: Writes a job to a path (a temporary one: atomicity is the caller's).
     """
 
     name: str
@@ -62,3 +131,5 @@ class Format:
     suffixes: tuple[str, ...] = ()
     magic: Callable[[bytes], bool] | None = None
     claims_directory: Callable[[Path], bool] | None = None
+    writes: str | None = None
+    write: Callable[[WriteJob, Path], None] | None = None

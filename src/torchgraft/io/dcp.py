@@ -16,11 +16,11 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject, safe_load
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 from .source import FileSource
 from .torch_zip import read_blob
 
-__all__ = ["FORMAT"]
+__all__ = ["FORMAT", "write"]
 
 _METADATA = ".metadata"
 
@@ -150,4 +150,25 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     return Contents("dcp", path, root, [s.close for s in storage.sources.values()])
 
 
-FORMAT = Format(name="dcp", open=_open, claims_directory=_claims)
+def write(job: WriteJob, path: Path) -> None:
+    """Write a torch.distributed.checkpoint directory from one process.
+
+    Args:
+        job: What to write; extras are saved beside the weights, as DCP saves objects.
+        path: The directory (it must not exist yet).
+    """
+    import warnings
+
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    tensors = job.read_all()
+    state: dict[str, Any] = {job.weights_key: tensors} if job.weights_key else dict(tensors)
+    state.update(job.extras)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)
+    job.done(len(tensors))
+
+
+FORMAT = Format(name="dcp", open=_open, claims_directory=_claims, writes="dcp", write=write)

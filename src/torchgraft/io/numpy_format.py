@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource, MemorySource, strided
 from .torch_zip import first_zip_entry, zip_data_offset
 
@@ -108,6 +108,30 @@ def _open_npz(path: Path, options: ReadOptions) -> Contents:
     return Contents("numpy", path, root, [source.close])
 
 
+def write_npz(job: WriteJob, path: Path) -> None:
+    """Write an uncompressed ``.npz``, one array in memory at a time.
+
+    Args:
+        job: What to write.
+        path: Where.
+
+    Raises:
+        UnsupportedCheckpointError: For dtypes numpy lacks (bfloat16, float8).
+    """
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for count, name in enumerate(job.tensors, start=1):
+            tensor = job.read(name)
+            try:
+                array = tensor.numpy()
+            except TypeError:
+                raise UnsupportedCheckpointError(
+                    f"'{name}' is {tensor.dtype}, which numpy lacks; pass dtype=torch.float32",
+                    path=path) from None
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, array, allow_pickle=False)
+            job.done(count)
+
+
 def _npz_magic(head: bytes) -> bool:
     name = first_zip_entry(head)
     return name is not None and name.endswith(".npy")
@@ -115,4 +139,5 @@ def _npz_magic(head: bytes) -> bool:
 
 NPY_FORMAT = Format(name="numpy", open=_open_npy, suffixes=(".npy",),
                     magic=lambda head: head.startswith(_NPY_MAGIC))
-NPZ_FORMAT = Format(name="numpy", open=_open_npz, suffixes=(".npz",), magic=_npz_magic)
+NPZ_FORMAT = Format(name="numpy", open=_open_npz, suffixes=(".npz",), magic=_npz_magic,
+                    writes="numpy", write=write_npz)

@@ -8,17 +8,18 @@ the extras.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import safe_load
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 
-__all__ = ["FORMAT"]
+__all__ = ["FORMAT", "write_paddle"]
 
 _PADDLE_SUFFIXES = (".pdparams", ".pdopt", ".pdema")
 _PADDLE_NAME_TABLE = "StructuredToParameterName@@"
@@ -58,6 +59,48 @@ def _join_big_params(root: dict[str, Any]) -> None:
         root[name] = _joined(name, shape, parts)
 
 
+def write_paddle(job: WriteJob, path: Path) -> None:
+    """Write a ``.pdparams`` that ``paddle.load`` reads into the matching Paddle model.
+
+    PyTorch's layout is reversed: BatchNorm statistics are renamed (``running_mean`` to
+    ``_mean``), ``num_batches_tracked`` (which Paddle lacks) is left out, and Linear weights
+    are transposed to Paddle's ``[in, out]``: which weights belong to Linear layers comes from
+    the module (``job.kinds``).
+
+    Args:
+        job: What to write.
+        path: Where.
+
+    Raises:
+        UnsupportedCheckpointError: For bfloat16/float8 tensors, or without module kinds.
+    """
+    from ..graft.layouts import PADDLE
+    from ..graft.rules import rename
+    from ..graft.sides import TensorInfo
+
+    if not job.kinds:
+        raise UnsupportedCheckpointError(
+            "writing Paddle needs the model, to know which weights are Linear layers (Paddle "
+            "stores them transposed): use tg.save(model, path, format='paddle')", path=path)
+    arrays: dict[str, Any] = {}
+    for count, name in enumerate(job.tensors, start=1):
+        new, _rule = rename(name, PADDLE.exports)
+        if new is not None:
+            tensor = job.read(name)
+            info = TensorInfo(name, tuple(tensor.shape), tensor.dtype, job.kinds.get(name))
+            if PADDLE.transposed(info, info):
+                tensor = tensor.t().contiguous()
+            try:
+                arrays[new] = tensor.numpy()
+            except TypeError:
+                raise UnsupportedCheckpointError(
+                    f"'{name}' is {tensor.dtype}, which Paddle files store as numpy arrays "
+                    "cannot hold; pass dtype=torch.float32", path=path) from None
+        job.done(count)
+    with path.open("wb") as f:
+        pickle.dump(arrays, f, protocol=4)
+
+
 def _open(path: Path, options: ReadOptions) -> Contents:
     with path.open("rb") as f:
         root = safe_load(f, path=str(path), unsafe=options.unsafe)
@@ -69,4 +112,5 @@ def _open(path: Path, options: ReadOptions) -> Contents:
 
 
 FORMAT = Format(name="paddle", open=_open,
-                suffixes=(*_PADDLE_SUFFIXES, ".pkl", ".pickle"), magic=_magic)
+                suffixes=(*_PADDLE_SUFFIXES, ".pkl", ".pickle"), magic=_magic,
+                writes="paddle", write=write_paddle)

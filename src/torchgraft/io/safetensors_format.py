@@ -17,10 +17,15 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource
 
-__all__ = ["DTYPES", "FORMAT", "read_header"]
+__all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "read_header", "write"]
+
+#: Metadata keys torchgraft writes: tied names written once ({alias: written name}), and the
+#: checkpoint's extras, both as JSON.
+ALIASES_KEY = "torchgraft.aliases"
+EXTRAS_KEY = "torchgraft.extras"
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -112,9 +117,79 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     for name, entry in entries.items():
         meta = TensorMeta.of(tuple(entry["shape"]), DTYPES[entry["dtype"]])
         root[name] = _ref(source, start + entry["data_offsets"][0], meta, name)
+    aliases = _json_entry(metadata, ALIASES_KEY, path)
+    for alias, written in aliases.items():
+        if written not in root:
+            raise CorruptCheckpointError(f"alias '{alias}' names '{written}', which is not "
+                                         "in the file", path=path)
+        root[alias] = root[written]
+    root.update(_json_entry(metadata, EXTRAS_KEY, path))
     if metadata:
         root["__metadata__"] = metadata
     return Contents("safetensors", path, root, [source.close])
+
+
+def _json_entry(metadata: dict[str, str], key: str, path: Path) -> dict[str, Any]:
+    if key not in metadata:
+        return {}
+    try:
+        value = json.loads(metadata.pop(key))
+    except ValueError:
+        raise CorruptCheckpointError(f"metadata '{key}' is not JSON", path=path) from None
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(f"metadata '{key}' is not a JSON object", path=path)
+    return value
+
+
+_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def write(job: WriteJob, path: Path) -> None:
+    """Write a safetensors file, one tensor in memory at a time.
+
+    Tied tensors (the same data under several names) are written once; the other names are
+    recorded in the metadata and restored by the reader. Extras are kept as JSON in the
+    metadata.
+
+    Args:
+        job: What to write.
+        path: Where.
+
+    Raises:
+        UnsupportedCheckpointError: For a dtype safetensors has no name for.
+    """
+    written: dict[Any, str] = {}
+    aliases: dict[str, str] = {}
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, ref in job.tensors.items():
+        if ref.alias_key in written:
+            aliases[name] = written[ref.alias_key]
+            continue
+        written[ref.alias_key] = name
+        dtype = job.out_dtype(ref)
+        if dtype not in _NAMES:
+            raise UnsupportedCheckpointError(f"'{name}' has dtype {dtype}, which safetensors "
+                                             "cannot store", path=path)
+        nbytes = math.prod(ref.meta.shape) * dtype.itemsize
+        header[name] = {"dtype": _NAMES[dtype], "shape": list(ref.meta.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    metadata = dict(job.metadata)
+    if aliases:
+        metadata[ALIASES_KEY] = json.dumps(aliases)
+    if job.extras:
+        metadata[EXTRAS_KEY] = json.dumps(job.extras)
+    if metadata:
+        header = {"__metadata__": metadata, **header}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for count, name in enumerate(job.tensors, start=1):
+            if name in header:
+                f.write(job.read(name).reshape(-1).view(torch.uint8).numpy().data)
+            job.done(count)
 
 
 def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> TensorRef:
@@ -128,4 +203,5 @@ def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> Tensor
     return TensorRef(meta, read, read_into)
 
 
-FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic)
+FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic,
+                writes="safetensors", write=write)

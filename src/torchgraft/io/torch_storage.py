@@ -118,4 +118,5 @@ class StorageTensors(ABC):
         direct = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
                   and stride == contiguous_strides(size) and self.stored_plainly(storage))
         return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read,
-                         read_into if direct else None)
+                         read_into if direct else None,
+                         alias_key=(id(self), storage, offset, size, stride, view_dtype))

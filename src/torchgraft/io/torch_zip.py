@@ -17,11 +17,11 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnknownFormatError, UnsupportedCheckpointError
 from ..safe_pickle import safe_load
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource, MemorySource
 from .torch_storage import Storage, StorageTensors
 
-__all__ = ["FORMAT", "first_zip_entry", "read_archive", "read_blob", "zip_data_offset"]
+__all__ = ["FORMAT", "first_zip_entry", "read_archive", "read_blob", "write", "zip_data_offset"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -159,6 +159,25 @@ def read_blob(data: bytes, *, name: str, unsafe: bool) -> Any:
     return root
 
 
+def write(job: WriteJob, path: Path) -> None:
+    """Write a torch.save file (the pre-1.6 layout when ``job.legacy``).
+
+    torch.save needs every tensor at once, so the weights are in memory while it writes; tied
+    names share one tensor, which torch writes once.
+
+    Args:
+        job: What to write; extras go beside the weights (under ``job.weights_key`` if set).
+        path: Where.
+    """
+    tensors = job.read_all()
+    obj: dict[str, Any] = tensors
+    if job.extras:
+        obj = {**job.extras, job.weights_key: tensors} if job.weights_key else \
+            {**tensors, **job.extras}
+    torch.save(obj, path, _use_new_zipfile_serialization=not job.legacy)
+    job.done(len(tensors))
+
+
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
     stream = path.open("rb")
@@ -175,4 +194,6 @@ FORMAT = Format(
     open=_open,
     suffixes=(".pt", ".pth", ".bin", ".ckpt", ".tar", ".pth.tar"),
     magic=_magic,
+    writes="torch",
+    write=write,
 )

@@ -1,0 +1,173 @@
+"""``tg.convert``: any checkpoint to any format, streaming, with rules, casts and extras."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import open as open_checkpoint
+from .containers import all_tensors
+from .graft.rules import RulesSpec, parse_rules, rename
+from .io import WriteJob
+from .meta import TensorRef, dtype_name, parse_dtype
+from .save import resolve_format, write_job
+
+__all__ = ["ConvertReport", "convert"]
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion wrote.
+
+    Attributes:
+        source: The checkpoint read.
+        source_format: Its format.
+        format: The format written.
+        written: The files (or directory) written.
+        tensors: Number of tensors written.
+        bytes: Their size as written.
+        renamed: Old name to new name, for keys a rule renamed.
+        dropped: Keys a rule dropped.
+        cast: Keys whose dtype changed, with ``"float32->float16"``.
+        extras_kept: Extras written beside the weights.
+        extras_dropped: Extras not written, with the reason.
+    """
+
+    source: str
+    source_format: str
+    format: str
+    written: list[str] = field(default_factory=list)
+    tensors: int = 0
+    bytes: int = 0
+    renamed: dict[str, str] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    cast: dict[str, str] = field(default_factory=dict)
+    extras_kept: list[str] = field(default_factory=list)
+    extras_dropped: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return dict(vars(self))
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Return the report as JSON text."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        lines = [f"converted {self.source} ({self.source_format}) -> {self.format}: "
+                 f"{self.tensors} tensors, {self.bytes} bytes"]
+        lines += [f"  wrote     {w}" for w in self.written]
+        lines += [f"  renamed   {a} -> {b}" for a, b in self.renamed.items()]
+        lines += [f"  dropped   {k}" for k in self.dropped]
+        if self.cast:
+            lines.append(f"  cast      {len(self.cast)} tensors "
+                         f"({', '.join(sorted(set(self.cast.values())))})")
+        lines += [f"  extra     {k} kept" for k in self.extras_kept]
+        lines += [f"  extra     {k} not kept: {why}" for k, why in self.extras_dropped.items()]
+        return "\n".join(lines)
+
+
+def _plain(value: Any) -> bool:
+    """Whether a saved value is plain JSON data, which every format can keep exactly."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(map(_plain, value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _extras(root: Any, weights_key: str, report: ConvertReport) -> dict[str, Any]:
+    """The top-level extras that can be written exactly (plain data), the rest reported."""
+    if not isinstance(root, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key, value in root.items():
+        if key == weights_key or key == "__metadata__" or isinstance(value, TensorRef):
+            continue
+        if _plain(value):
+            kept[str(key)] = value
+        elif all_tensors(value):
+            report.extras_dropped[str(key)] = "holds tensors (optimizer or EMA state); " \
+                                              "convert writes the model weights only"
+        else:
+            report.extras_dropped[str(key)] = "not plain data (numbers, strings, lists, dicts)"
+    report.extras_kept = list(kept)
+    return kept
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+            format: str | None = None,
+            rules: RulesSpec = None, dtype: torch.dtype | str | None = None, legacy: bool = False,
+            overwrite: bool = False, drop_extras: bool = False,
+            max_shard_size: int | str | None = None, unsafe: bool = False,
+            weights_key: str | None = None,
+            progress: Callable[[int, int], None] | None = None) -> ConvertReport:
+    """Convert a checkpoint to another format, one tensor in memory at a time.
+
+    Reads anything :func:`torchgraft.open` reads (DCP directories written by many ranks
+    included) and writes torch (zip or ``legacy`` pre-1.6), safetensors, numpy or DCP,
+    atomically. Plain extras (epoch, step, config) are kept; extras that hold tensors, such
+    as optimizer state, are reported and not written.
+
+    Args:
+        src: The checkpoint.
+        dst: The destination; its suffix gives the format unless ``format`` is set (no suffix:
+            a DCP directory).
+        format: ``"torch"``, ``"safetensors"``, ``"numpy"`` or ``"dcp"``. (Paddle needs
+            the model: use ``tg.save(model, path, format="paddle")``.)
+        rules: ``(regex, replacement)`` renames applied to the keys; ``None`` drops a key.
+        dtype: Cast floating-point tensors; integer buffers are left alone.
+        legacy: For torch: the pre-1.6 (non-zip) layout.
+        overwrite: Replace an existing destination.
+        drop_extras: Write the weights only.
+        max_shard_size: Shard safetensors or torch output (``"2GB"``).
+        unsafe: Let the source's pickle call code outside the allow-list.
+        weights_key: Where the weights are in a training checkpoint.
+        progress: Called with (tensors done, total).
+
+    Returns:
+        The report.
+
+    Raises:
+        TorchgraftError: If the source cannot be read or the destination not written.
+    """
+    destination = Path(dst)
+    fmt = resolve_format(destination, format, legacy=legacy)
+    parsed = parse_rules(rules)
+    cast_to = parse_dtype(dtype) if dtype else None
+    with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key) as ckpt:
+        report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
+        tensors: dict[str, TensorRef] = {}
+        for name, ref in ckpt.tensor_refs().items():
+            new, _rule = rename(name, parsed)
+            if new is None:
+                report.dropped.append(name)
+                continue
+            if new != name:
+                report.renamed[name] = new
+            tensors[new] = ref
+        extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key, report)
+        metadata = {}
+        if ckpt.format == "safetensors" and isinstance(ckpt.raw_root, dict):
+            metadata = dict(ckpt.raw_root.get("__metadata__") or {})
+        job = WriteJob(tensors, cast_to, metadata=metadata if fmt.writes == "safetensors"
+                       else {}, extras=extras, weights_key=ckpt.weights_key.split(".")[0],
+                       legacy=legacy, progress=progress)
+        written = write_job(job, destination, format=fmt.writes, overwrite=overwrite,
+                            max_shard_size=max_shard_size)
+    report.written = [str(p) for p in written]
+    report.tensors = len(tensors)
+    for name, ref in tensors.items():
+        out = job.out_dtype(ref)
+        report.bytes += ref.meta.numel * out.itemsize
+        if out != ref.meta.dtype:
+            report.cast[name] = f"{dtype_name(ref.meta.dtype)}->{dtype_name(out)}"
+    return report

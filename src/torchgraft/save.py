@@ -1,0 +1,207 @@
+"""``tg.save``: write weights in any format, atomically, sharded if asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .atomic import atomic_dir, atomic_path
+from .errors import TorchgraftError
+from .graft.sides import module_tensors, unwrap
+from .graft.source import open_source
+from .io import Format, WriteJob, formats
+from .meta import TensorRef, parse_dtype
+
+__all__ = ["parse_size", "resolve_format", "save", "write_job"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(size: int | str) -> int:
+    """Parse ``"2GB"`` (10**9 bytes, as transformers counts), ``"500MiB"`` or a byte count.
+
+    Args:
+        size: The size.
+
+    Returns:
+        Bytes.
+
+    Raises:
+        TorchgraftError: If the text is not a size.
+    """
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]I?B|B)?\s*", size.upper())
+    if match is None or float(match.group(1)) <= 0:
+        raise TorchgraftError(f"{size!r} is not a size such as '2GB' or '500MiB'")
+    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+
+
+def _writers() -> dict[str, Format]:
+    return {f.writes: f for f in formats() if f.writes is not None and f.write is not None}
+
+
+def resolve_format(path: Path, format: str | None, *, legacy: bool = False) -> Format:
+    """The format to write ``path`` in: named, or from the suffix (no suffix: a DCP directory).
+
+    Args:
+        path: The destination.
+        format: ``"torch"``, ``"safetensors"``, ``"paddle"``, ``"numpy"``, ``"dcp"`` or ``None``.
+        legacy: The pre-1.6 torch layout (torch format only).
+
+    Returns:
+        The format.
+
+    Raises:
+        TorchgraftError: If the format is unknown or cannot be guessed.
+    """
+    writers = _writers()
+    if format is None:
+        name = path.name.lower()
+        matches = [(len(s), f) for f in writers.values() for s in f.suffixes if name.endswith(s)]
+        if matches:
+            fmt = max(matches, key=lambda m: m[0])[1]
+        elif not path.suffix:
+            fmt = writers["dcp"]
+        else:
+            raise TorchgraftError(f"cannot tell the format from '{path.suffix}'; pass format= "
+                                  f"one of {', '.join(writers)}", path=path)
+    elif format in writers:
+        fmt = writers[format]
+    else:
+        raise TorchgraftError(f"format={format!r}: use one of {', '.join(writers)}")
+    if legacy and fmt.writes != "torch":
+        raise TorchgraftError(f"legacy=True is for torch files, not {fmt.writes}", path=path)
+    return fmt
+
+
+def _shards(job: WriteJob, limit: int) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, ref in job.tensors.items():
+        nbytes = ref.meta.numel * job.out_dtype(ref).itemsize
+        if groups[-1] and size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += nbytes
+    return groups
+
+
+def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]], *,
+                   overwrite: bool) -> list[Path]:
+    """Write shards named as transformers names them, then the index.
+
+    The index comes last, so it never points at missing shards.
+    """
+    assert fmt.write is not None
+    stem, suffix = path.name.split(".", 1)
+    total = len(groups)
+    weight_map: dict[str, str] = {}
+    written = []
+    for number, names in enumerate(groups, start=1):
+        shard = path.with_name(f"{stem}-{number:05d}-of-{total:05d}.{suffix}")
+        part = WriteJob({n: job.tensors[n] for n in names}, job.dtype,
+                        legacy=job.legacy, progress=job.progress)
+        with atomic_path(shard, overwrite=overwrite) as temporary:
+            fmt.write(part, temporary)
+        weight_map.update(dict.fromkeys(names, shard.name))
+        written.append(shard)
+    total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
+                     for n in weight_map)
+    index = path.with_name(f"{path.name}.index.json")
+    with atomic_path(index, overwrite=overwrite) as temporary:
+        temporary.write_text(json.dumps({"metadata": {"total_size": total_size, **job.metadata},
+                                         "weight_map": weight_map}, indent=2))
+    return [*written, index]
+
+
+def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None,
+              overwrite: bool, max_shard_size: int | str | None) -> list[Path]:
+    """Write a job atomically: one file, a DCP directory, or shards plus an index.
+
+    Args:
+        job: What to write.
+        path: The destination.
+        format: The format's name, or ``None`` to use the suffix.
+        overwrite: Replace existing files.
+        max_shard_size: Split into shards of at most this size (safetensors and torch).
+
+    Returns:
+        The files (or directory) written.
+
+    Raises:
+        TorchgraftError: If the destination exists, or the options do not fit the format.
+    """
+    destination = Path(path)
+    fmt = resolve_format(destination, format, legacy=job.legacy)
+    assert fmt.write is not None
+    if job.metadata and fmt.writes not in ("safetensors",) and max_shard_size is None:
+        raise TorchgraftError(f"metadata is stored by safetensors files and shard indexes, not "
+                              f"{fmt.writes}", path=destination)
+    if max_shard_size is not None:
+        if fmt.writes not in ("safetensors", "torch"):
+            raise TorchgraftError(f"max_shard_size is for safetensors and torch, not "
+                                  f"{fmt.writes}", path=destination)
+        groups = _shards(job, parse_size(max_shard_size))
+        if len(groups) > 1:
+            return _write_sharded(job, destination, fmt, groups, overwrite=overwrite)
+    if fmt.writes == "dcp":
+        with atomic_dir(destination, overwrite=overwrite) as temporary:
+            fmt.write(job, temporary)
+    else:
+        with atomic_path(destination, overwrite=overwrite) as temporary:
+            fmt.write(job, temporary)
+    return [destination]
+
+
+def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[str], *,
+         format: str | None = None, legacy: bool = False,
+         dtype: torch.dtype | str | None = None, overwrite: bool = False,
+         metadata: Mapping[str, str] | None = None,
+         max_shard_size: int | str | None = None) -> list[Path]:
+    """Save a model's or a state dict's weights so that they load anywhere.
+
+    Every write is atomic (a temporary file beside the destination, fsynced, renamed), so a
+    failed or killed save never leaves a partial file, and an existing file is kept unless
+    ``overwrite=True``.
+
+    Args:
+        obj: An ``nn.Module`` (DataParallel/DDP/compile wrappers are stripped, so names have no
+            ``module.`` prefix) or a state dict. Tensors are written from the CPU.
+        path: The destination; with ``max_shard_size``, shards go beside it with an
+            ``<name>.index.json`` that transformers and torchgraft load.
+        format: ``"torch"``, ``"safetensors"``, ``"paddle"``, ``"numpy"`` or ``"dcp"``;
+            ``None`` takes it from the suffix (no suffix: a DCP directory).
+        legacy: For torch: the pre-1.6 (non-zip) layout that PyTorch 1.0-1.5 can read.
+        dtype: Cast floating-point tensors (``"fp16"``, ``torch.bfloat16``...); integer
+            buffers are left alone.
+        overwrite: Replace an existing destination.
+        metadata: String metadata for safetensors (and shard indexes).
+        max_shard_size: Shard the weights (``"2GB"``, ``"500MiB"`` or bytes).
+
+    Returns:
+        The paths written.
+
+    Raises:
+        TorchgraftError: If the destination exists, or an option does not fit the format.
+    """
+    kinds: dict[str, str | None] = {}
+    if isinstance(obj, nn.Module):
+        kinds = {name: info.kind for name, info in module_tensors(unwrap(obj)).items()}
+    elif not isinstance(obj, Mapping):
+        raise TorchgraftError(f"cannot save a {type(obj).__name__}: pass an nn.Module or a "
+                              "state dict")
+    refs: dict[str, TensorRef] = open_source(obj).refs
+    job = WriteJob(refs, parse_dtype(dtype) if dtype else None,
+                   metadata={str(k): str(v) for k, v in (metadata or {}).items()},
+                   kinds=kinds, legacy=legacy)
+    return write_job(job, path, format=format, overwrite=overwrite,
+                     max_shard_size=max_shard_size)
