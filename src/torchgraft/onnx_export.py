@@ -16,7 +16,7 @@ from torch import nn
 
 from .atomic import atomic_path
 from .errors import MissingDependencyError, TorchgraftError
-from .graft.sides import unwrap
+from .graft.sides import run_model, unwrap
 from .graft.verify import first_tensor
 
 __all__ = ["ExportReport", "export_onnx"]
@@ -98,8 +98,7 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike[s
     training = module.training
     module.eval()
     try:
-        with torch.no_grad():
-            expected = first_tensor(module(*args))
+        expected = first_tensor(run_model(module, args))
         with atomic_path(path, overwrite=overwrite) as temporary, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:

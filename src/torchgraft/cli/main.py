@@ -15,8 +15,10 @@ import click
 
 from .. import __version__
 from ..errors import TorchgraftError
+from .convert_command import convert_command
 from .demo_command import demo
 from .diff_command import diff_command
+from .export_command import export_command
 from .graft_command import graft_command
 from .inspect_command import inspect
 
@@ -38,6 +40,8 @@ def cli(debug: bool) -> None:
 cli.add_command(inspect)
 cli.add_command(graft_command)
 cli.add_command(diff_command)
+cli.add_command(convert_command)
+cli.add_command(export_command)
 cli.add_command(demo)
 
 

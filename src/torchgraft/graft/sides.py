@@ -9,7 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_tensors", "unwrap"]
+from ..errors import TorchgraftError
+
+__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_tensors", "run_model",
+           "unwrap"]
 
 # Module class names to the kind used for layouts and structural matching.
 MODULE_KINDS = {
@@ -103,8 +106,26 @@ def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
             for name, t in model.state_dict(keep_vars=True).items()}
 
 
-def _as_args(example_inputs: Any) -> tuple[Any, ...]:
-    return example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+def run_model(model: nn.Module, example_inputs: Any) -> Any:
+    """Run a user's model on example inputs (a tuple, or a lone tensor) without gradients.
+
+    Args:
+        model: The model.
+        example_inputs: Positional inputs.
+
+    Returns:
+        What the model returned.
+
+    Raises:
+        TorchgraftError: If the model fails on these inputs.
+    """
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    try:
+        with torch.no_grad():
+            return model(*args)
+    except Exception as exc:
+        raise TorchgraftError(f"{type(model).__name__} failed on the example inputs: "
+                              f"{type(exc).__name__}: {exc}") from exc
 
 
 def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> list[str]:
@@ -127,8 +148,7 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
     try:
-        with torch.no_grad():
-            model(*_as_args(example_inputs))
+        run_model(model, example_inputs)
     finally:
         for handle in handles:
             handle.remove()

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
+from .sides import run_model
 
 __all__ = ["first_tensor", "max_abs_diff"]
 
@@ -52,14 +53,12 @@ def max_abs_diff(source: nn.Module, target: nn.Module, example_inputs: Any) -> f
     Raises:
         TorchgraftError: If the outputs' shapes differ.
     """
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     modes = [(m, m.training) for m in (source, target)]
     try:
         source.eval()
         target.eval()
-        with torch.no_grad():
-            a = first_tensor(source(*args))
-            b = first_tensor(target(*args))
+        a = first_tensor(run_model(source, example_inputs))
+        b = first_tensor(run_model(target, example_inputs))
     finally:
         for module, training in modes:
             module.train(training)

@@ -20,12 +20,14 @@ from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource
 
-__all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "read_header", "write"]
+__all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "WEIGHTS_KEY", "read_header",
+           "write"]
 
-#: Metadata keys torchgraft writes: tied names written once ({alias: written name}), and the
-#: checkpoint's extras, both as JSON.
+#: Metadata keys torchgraft writes: tied names written once ({alias: written name}), the
+#: checkpoint's extras (JSON), and the key the weights were under in a training checkpoint.
 ALIASES_KEY = "torchgraft.aliases"
 EXTRAS_KEY = "torchgraft.extras"
+WEIGHTS_KEY = "torchgraft.weights_key"
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -123,7 +125,11 @@ def _open(path: Path, options: ReadOptions) -> Contents:
             raise CorruptCheckpointError(f"alias '{alias}' names '{written}', which is not "
                                          "in the file", path=path)
         root[alias] = root[written]
-    root.update(_json_entry(metadata, EXTRAS_KEY, path))
+    extras = _json_entry(metadata, EXTRAS_KEY, path)
+    weights_key = metadata.pop(WEIGHTS_KEY, "")
+    if weights_key:
+        root = {weights_key: root}
+    root.update(extras)
     if metadata:
         root["__metadata__"] = metadata
     return Contents("safetensors", path, root, [source.close])
@@ -180,6 +186,8 @@ def write(job: WriteJob, path: Path) -> None:
         metadata[ALIASES_KEY] = json.dumps(aliases)
     if job.extras:
         metadata[EXTRAS_KEY] = json.dumps(job.extras)
+        if job.weights_key:
+            metadata[WEIGHTS_KEY] = job.weights_key
     if metadata:
         header = {"__metadata__": metadata, **header}
     text = json.dumps(header, separators=(",", ":")).encode()

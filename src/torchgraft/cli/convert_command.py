@@ -1,0 +1,50 @@
+"""``torchgraft convert``: any checkpoint to any format, with a progress bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+
+from ..convert import convert
+from .render import print_json
+
+__all__ = ["convert_command"]
+
+
+@click.command("convert")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["torch", "safetensors", "numpy", "dcp"]),
+              default=None, help="Output format (default: from DST's suffix; none: DCP).")
+@click.option("--dtype", default=None, help="Cast floating-point tensors: fp16, bf16, fp32...")
+@click.option("--legacy", is_flag=True, help="torch output readable by PyTorch 1.0-1.5.")
+@click.option("--rules", type=click.Path(path_type=Path), default=None,
+              help="JSON/YAML file of [pattern, replacement] renames (null drops a key).")
+@click.option("--drop-extras", is_flag=True, help="Write the weights only.")
+@click.option("--max-shard-size", default=None, help="Shard the output, e.g. 2GB.")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
+@click.option("--unsafe", is_flag=True, help="Let SRC's pickle run code. Trusted files only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
+                    rules: Path | None, drop_extras: bool, max_shard_size: str | None,
+                    overwrite: bool, unsafe: bool, as_json: bool) -> int:
+    """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
+
+    Exit codes: 0 written, 2 bad input.
+    """
+    console = Console(soft_wrap=as_json)
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("converting", total=None)
+        report = convert(src, dst, format=fmt, dtype=dtype, legacy=legacy, rules=rules,
+                         drop_extras=drop_extras, max_shard_size=max_shard_size,
+                         overwrite=overwrite, unsafe=unsafe,
+                         progress=lambda done, total: bar.update(task, completed=done,
+                                                                 total=total))
+    if as_json:
+        print_json(console, report.to_dict())
+    else:
+        console.print(str(report), highlight=False)
+    return 0

@@ -1,0 +1,62 @@
+"""``torchgraft convert`` and ``torchgraft export`` through the entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from tests.helpers import SmallNet, assert_same_state
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+MODELS = '''
+from torch import nn
+def net(num_classes=5):
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(8, num_classes))
+'''
+
+
+def test_convert(run: Run, tmp_path: Path, model: SmallNet) -> None:
+    src = tmp_path / "m.pth"
+    torch.save({"epoch": 2, "state_dict": model.state_dict()}, src)
+    result = run("convert", str(src), str(tmp_path / "m.safetensors"), "--dtype", "bf16",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["format"] == "safetensors" and report["extras_kept"] == ["epoch"]
+    loaded = load_file(tmp_path / "m.safetensors")
+    assert loaded["conv.weight"].dtype == torch.bfloat16
+    again = run("convert", str(src), str(tmp_path / "m.safetensors"))
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    legacy = run("convert", str(src), str(tmp_path / "old.pt"), "--legacy", "--drop-extras")
+    assert legacy.returncode == 0
+    assert_same_state(torch.load(tmp_path / "old.pt", weights_only=True), model.state_dict())
+
+
+def test_export(run: Run, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    torch.manual_seed(0)
+    trained = nn.DataParallel(nn.Sequential(nn.Conv2d(3, 8, 3), nn.AdaptiveAvgPool2d(1),
+                                            nn.Flatten(), nn.Linear(8, 10)))
+    ckpt = tmp_path / "ckpt.pth"
+    torch.save(trained.state_dict(), ckpt)
+    out = tmp_path / "m.onnx"
+    result = run("export", f"{tmp_path / 'mymodels.py'}:net", "--checkpoint", str(ckpt),
+                 "--model-kwargs", '{"num_classes": 10}', "--out", str(out),
+                 "--input-shape", "1,3,16,16", "--opset", "9", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["graft"]["ok"] and data["export"]["opset"] == 9
+    assert data["export"]["max_abs_diff"] < 1e-5 and out.is_file()
+    bad = run("export", f"{tmp_path / 'mymodels.py'}:net", "--out", str(tmp_path / "x.onnx"),
+              "--input-shape", "1,3,x")
+    assert bad.returncode == 2

@@ -1,0 +1,52 @@
+"""A DCP checkpoint written by 2 gloo processes with DTensors sharded by rows and columns."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def expected() -> dict[str, torch.Tensor]:
+    return {
+        "rows": torch.arange(48, dtype=torch.float32).reshape(8, 6),
+        "cols": torch.arange(30, dtype=torch.float64).reshape(3, 10) / 7,
+        "bias": torch.linspace(-1, 1, 5).bfloat16(),
+        "steps": torch.arange(4),
+    }
+
+
+def _writer(rank: int, directory: str, port: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    full = expected()
+    model = {
+        "rows": distribute_tensor(full["rows"], mesh, [Shard(0)]),
+        "cols": distribute_tensor(full["cols"], mesh, [Shard(1)]),
+        "bias": full["bias"],
+        "steps": full["steps"],
+    }
+    dcp.save({"model": model, "epoch": 7, "config": {"lr": 0.1}}, checkpoint_id=directory)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write(directory: Path) -> Path:
+    mp.spawn(_writer, args=(str(directory), free_port()), nprocs=WORLD, join=True)
+    return directory

@@ -1,0 +1,44 @@
+"""tg.export_onnx: unwrap, export at old and new opsets, check, compare with onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchgraft as tg
+from tests.helpers import SmallNet
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13, 17])
+def test_export_matches_onnxruntime(tmp_path: Path, model: SmallNet, opset: int) -> None:
+    x = torch.randn(2, 3, 8, 8)
+    path = tmp_path / f"m{opset}.onnx"
+    report = tg.export_onnx(nn.DataParallel(model), x, path, opset=opset, input_names=["x"],
+                            output_names=["logits"], dynamic_axes={"x": {0: "batch"}})
+    assert report.max_abs_diff is not None and report.max_abs_diff < 1e-5
+    graph = onnx.load(str(path))
+    assert graph.opset_import[0].version == opset
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    bigger = torch.randn(5, 3, 8, 8)
+    (out,) = session.run(None, {"x": bigger.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model.eval()(bigger).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_training_mode_is_restored_and_errors_are_ours(tmp_path: Path, model: SmallNet) -> None:
+    model.train()
+    tg.export_onnx(model, torch.randn(1, 3, 8, 8), tmp_path / "m.onnx", check=False)
+    assert model.training
+    with pytest.raises(tg.TorchgraftError, match="opset=5"):
+        tg.export_onnx(model, torch.randn(1, 3, 8, 8), tmp_path / "x.onnx", opset=5)
+    with pytest.raises(tg.TorchgraftError, match="failed on the example inputs"):
+        tg.export_onnx(model, torch.randn(1, 5, 8, 8), tmp_path / "y.onnx")
+    with pytest.raises(tg.TorchgraftError, match="already exists"):
+        tg.export_onnx(model, torch.randn(1, 3, 8, 8), tmp_path / "m.onnx")
