@@ -108,3 +108,14 @@ class NanoGPT(nn.Module):
         for block in self.transformer.h:
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
+
+
+def pretrained_resnet18(num_classes: int = 1000, seed: int = 0) -> ResNet18:
+    """A ResNet18 in eval mode with random weights and random BatchNorm statistics."""
+    torch.manual_seed(seed)
+    model = ResNet18(num_classes=num_classes).eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model

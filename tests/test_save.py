@@ -19,7 +19,7 @@ from torch import nn
 
 import torchgraft as tg
 from tests.helpers import SmallNet, assert_same_state, small_net
-from tests.models import NanoGPT, ResNet18
+from tests.models import NanoGPT, ResNet18, pretrained_resnet18
 
 
 def test_module_is_unwrapped_and_saved_from_cpu(tmp_path: Path, model: SmallNet) -> None:
@@ -130,12 +130,7 @@ def test_paddle_round_trip_resnet18(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
     from paddle.vision.models import resnet18
 
-    torch.manual_seed(0)
-    model = ResNet18(num_classes=10).eval()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.5, 1.5)
+    model = pretrained_resnet18(num_classes=10)
     path = tmp_path / "resnet18.pdparams"
     tg.save(model, path)
     x = torch.randn(2, 3, 64, 64)

@@ -14,6 +14,16 @@ from .errors import TorchgraftError
 __all__ = ["atomic_dir", "atomic_path"]
 
 
+def _writable(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
+    """The destination as a Path, its folder created; an error if it exists and may not go."""
+    destination = Path(path)
+    if destination.exists() and not overwrite:
+        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it", path=destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    return destination
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed over it.
@@ -28,11 +38,7 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
     Raises:
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
     """
-    destination = Path(path)
-    if destination.exists() and not overwrite:
-        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
-                              "replace it", path=destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination = _writable(path, overwrite=overwrite)
     fd, name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp",
                                 dir=destination.parent)
     os.close(fd)
@@ -65,11 +71,7 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iter
     Raises:
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
     """
-    destination = Path(path)
-    if destination.exists() and not overwrite:
-        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
-                              "replace it", path=destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination = _writable(path, overwrite=overwrite)
     work = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     temporary = work / "new"
     try:

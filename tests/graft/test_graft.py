@@ -11,7 +11,7 @@ from torch import nn
 
 import torchgraft as tg
 from tests.helpers import SmallNet, assert_same_state, save_on, small_net
-from tests.models import ResNet18
+from tests.models import ResNet18, pretrained_resnet18
 
 
 def test_dataparallel_checkpoint_saved_on_cuda1_into_bare_model(tmp_path: Path) -> None:
@@ -41,18 +41,8 @@ def test_bare_checkpoint_into_wrapped_model(tmp_path: Path, wrap: str) -> None:
     assert_same_state(inner.state_dict(), trained.state_dict())
 
 
-def _pretrained_resnet() -> ResNet18:
-    torch.manual_seed(0)
-    model = ResNet18(num_classes=1000).eval()
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.1, 0.1)
-            m.running_var.uniform_(0.5, 1.5)
-    return model
-
-
 def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
-    pretrained = _pretrained_resnet()
+    pretrained = pretrained_resnet18()
     path = tmp_path / "resnet18.pth"
     torch.save(pretrained.state_dict(), path)
     variant = ResNet18(num_classes=21, in_chans=4).eval()
@@ -71,7 +61,7 @@ def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
 
 
 def test_fewer_input_channels_fold_by_sum(tmp_path: Path) -> None:
-    pretrained = _pretrained_resnet()
+    pretrained = pretrained_resnet18()
     grey = ResNet18(num_classes=1000, in_chans=1).eval()
     report = tg.graft(pretrained.state_dict(), grey)
     assert "folded" in report.adapted["conv1.weight"]
