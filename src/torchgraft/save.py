@@ -13,10 +13,9 @@ from torch import nn
 
 from .atomic import atomic_dir, atomic_path
 from .errors import TorchgraftError
-from .graft.sides import module_tensors, unwrap
 from .graft.source import open_source
 from .io import Format, WriteJob, formats
-from .meta import TensorRef, parse_dtype
+from .meta import parse_dtype
 
 __all__ = ["parse_size", "resolve_format", "save", "write_job"]
 
@@ -193,14 +192,13 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
     Raises:
         TorchgraftError: If the destination exists, or an option does not fit the format.
     """
-    kinds: dict[str, str | None] = {}
-    if isinstance(obj, nn.Module):
-        kinds = {name: info.kind for name, info in module_tensors(unwrap(obj)).items()}
-    elif not isinstance(obj, Mapping):
+    if not isinstance(obj, (nn.Module, Mapping)):
         raise TorchgraftError(f"cannot save a {type(obj).__name__}: pass an nn.Module or a "
                               "state dict")
-    refs: dict[str, TensorRef] = open_source(obj).refs
-    job = WriteJob(refs, parse_dtype(dtype) if dtype else None,
+    source = open_source(obj)
+    kinds = {name: info.kind for name, info in source.side.tensors.items()} \
+        if source.module is not None else {}
+    job = WriteJob(source.refs, parse_dtype(dtype) if dtype else None,
                    metadata={str(k): str(v) for k, v in (metadata or {}).items()},
                    kinds=kinds, legacy=legacy)
     return write_job(job, path, format=format, overwrite=overwrite,

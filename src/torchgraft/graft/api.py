@@ -15,7 +15,7 @@ from .layouts import layouts_for
 from .plan import Match, build_plan
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
-from .sides import Side, call_order, module_tensors, unwrap
+from .sides import module_side, unwrap
 from .source import SourceLike, open_source
 from .verify import max_abs_diff
 
@@ -74,14 +74,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if verify and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
-    infos = module_tensors(target)
-    order = call_order(target, example_inputs, list(infos)) if example_inputs is not None \
-        else list(infos)
+    target_side = module_side(target, example_inputs)
     opened = open_source(source, example_inputs=example_inputs, unsafe=unsafe,
                          weights_key=weights_key)
     try:
         try:
-            plan = build_plan(opened.side, Side(infos, order), rules=parse_rules(rules),
+            plan = build_plan(opened.side, target_side, rules=parse_rules(rules),
                               layouts=layouts_for(opened.side), match=match, adapt=adapt,
                               init=init, label_map=label_map)
         except ValueError as exc:

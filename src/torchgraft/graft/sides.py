@@ -11,8 +11,8 @@ from torch import nn
 
 from ..errors import TorchgraftError
 
-__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_tensors", "run_model",
-           "unwrap"]
+__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_side", "module_tensors",
+           "run_model", "unwrap"]
 
 # Module class names to the kind used for layouts and structural matching.
 MODULE_KINDS = {
@@ -156,3 +156,20 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
     position = {name: (first_call.get(name.rpartition(".")[0], end), i)
                 for i, name in enumerate(names)}
     return sorted(names, key=position.__getitem__)
+
+
+def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
+    """Describe an unwrapped module as a graft side.
+
+    Args:
+        model: The module.
+        example_inputs: If given, tensors are ordered by use on these inputs; else by
+            definition.
+
+    Returns:
+        Its tensors with their module kinds, in order of use.
+    """
+    infos = module_tensors(model)
+    order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
+        else list(infos)
+    return Side(infos, order)

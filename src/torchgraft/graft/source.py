@@ -15,7 +15,7 @@ from ..checkpoint import Checkpoint
 from ..checkpoint import open as open_checkpoint
 from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
-from .sides import Side, TensorInfo, call_order, module_tensors, unwrap
+from .sides import Side, TensorInfo, module_side, unwrap
 
 __all__ = ["GraftSource", "SourceLike", "open_source"]
 
@@ -88,10 +88,8 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         return _from_checkpoint(source)
     if isinstance(source, nn.Module):
         module = unwrap(source)
-        infos = module_tensors(module)
-        order = (call_order(module, example_inputs, list(infos))
-                 if example_inputs is not None else list(infos))
-        return GraftSource(Side(infos, order), _in_memory(module.state_dict()), module)
+        return GraftSource(module_side(module, example_inputs), _in_memory(module.state_dict()),
+                           module)
     if isinstance(source, Mapping):
         refs = _in_memory(source)
         infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
