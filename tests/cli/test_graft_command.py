@@ -43,9 +43,11 @@ def test_graft_adapts_and_saves_safetensors(run: Run, tmp_path: Path, setup: tup
     models, ckpt, trained = setup
     out = tmp_path / "out.safetensors"
     result = run("graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
-                 '{"num_classes": 21, "in_chans": 4}', "--out", str(out))
+                 '{"num_classes": 21, "in_chans": 4}', "--out", str(out), "--label-map",
+                 json.dumps(list(range(10))))
     assert result.returncode == 0, result.stderr
-    assert "graft ok" in result.stdout and "rows 10->21: 10 kept, 11 new" in result.stdout
+    assert "graft ok" in result.stdout
+    assert "rows 10->21: 10 kept chosen by label_map, 11 new" in result.stdout
     saved = load_file(out)
     assert torch.equal(saved["conv.weight"][:, :3], trained["conv.weight"])
     assert torch.equal(saved["fc.bias"][:10], trained["fc.bias"])

@@ -46,18 +46,26 @@ def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
     path = tmp_path / "resnet18.pth"
     torch.save(pretrained.state_dict(), path)
     variant = ResNet18(num_classes=21, in_chans=4).eval()
+    fresh_head = variant.fc.weight.detach().clone()
     report = tg.graft(path, variant)
-    assert report.ok and not report.unused
+    assert report.ok and not report.clean
     assert report.adapted == {
-        "conv1.weight": "in_channels 3->4: 3 kept, 1 new = the mean of the pretrained channels",
-        "fc.weight": "rows 1000->21: 21 kept",
-        "fc.bias": "rows 1000->21: 21 kept",
-    }
+        "conv1.weight": "in_channels 3->4: 3 kept, 1 new = the mean of the pretrained channels"}
+    assert set(report.reinitialised) == {"fc.weight", "fc.bias"}
+    assert "1000 rows ('fc.weight'), the model 21: a new head" in report.reinitialised["fc.weight"]
+    assert set(report.unused) == {"fc.weight", "fc.bias"}
+    assert torch.equal(variant.fc.weight, fresh_head)  # init="keep": the model's own head
     assert torch.equal(variant.conv1.weight[:, 3], pretrained.conv1.weight.mean(1))
+    with pytest.raises(tg.GraftError, match="'fc.weight' re-initialised"):
+        tg.graft(path, ResNet18(num_classes=21, in_chans=4), strict=True)
+
+    kept = ResNet18(num_classes=21, in_chans=4).eval()
+    report = tg.graft(path, kept, label_map=list(range(21)))
+    assert report.clean and report.adapted["fc.weight"] == "rows 1000->21: 21 kept chosen by label_map"
     rgb = torch.randn(2, 3, 64, 64)
     rgbd = torch.cat([rgb, torch.zeros(2, 1, 64, 64)], dim=1)
     with torch.no_grad():
-        torch.testing.assert_close(variant(rgbd), pretrained(rgb)[:, :21], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kept(rgbd), pretrained(rgb)[:, :21], rtol=1e-5, atol=1e-5)
 
 
 def test_fewer_input_channels_fold_by_sum(tmp_path: Path) -> None:
@@ -77,8 +85,9 @@ def test_new_rows_follow_init(init: str) -> None:
     model = nn.Sequential()
     model.fc = nn.Linear(8, 1000)
     before = model.fc.weight.detach().clone()
-    report = tg.graft(source, model, init=init)  # type: ignore[arg-type]
-    assert report.adapted["fc.weight"] == f"rows 3->1000: 3 kept, 997 new (init={init})"
+    report = tg.graft(source, model, init=init, label_map=[0, 1, 2])  # type: ignore[arg-type]
+    assert report.adapted["fc.weight"] == \
+        f"rows 3->1000: 3 kept chosen by label_map, 997 new (init={init})"
     assert torch.equal(model.fc.weight[:3], source["fc.weight"])
     new_rows = model.fc.weight[3:].detach()
     if init == "keep":
@@ -87,6 +96,35 @@ def test_new_rows_follow_init(init: str) -> None:
         assert not new_rows.any() and not model.fc.bias[3:].any()
     else:
         assert 0.015 < float(new_rows.std()) < 0.025 and not model.fc.bias[3:].any()
+
+
+@pytest.mark.parametrize("init", ["keep", "normal", "zeros"])
+def test_new_head_is_reinitialised_whole(init: str) -> None:
+    source = {"fc.weight": torch.randn(3, 8), "fc.bias": torch.randn(3)}
+    model = nn.Sequential()
+    model.fc = nn.Linear(8, 10)
+    before = model.fc.weight.detach().clone()
+    report = tg.graft(source, model, init=init)  # type: ignore[arg-type]
+    assert report.ok and set(report.reinitialised) == {"fc.weight", "fc.bias"}
+    assert not report.loaded
+    weight = model.fc.weight.detach()
+    if init == "keep":
+        assert torch.equal(weight, before)
+    elif init == "zeros":
+        assert not weight.any()
+    else:
+        assert not torch.equal(weight[:3], source["fc.weight"]) and not model.fc.bias.any()
+
+
+def test_embedding_and_vocabulary_head_keep_shared_rows() -> None:
+    source = {"emb.weight": torch.randn(10, 4), "head.weight": torch.randn(10, 4)}
+    model = nn.Module()
+    model.emb = nn.Embedding(12, 4)
+    model.head = nn.Linear(4, 12, bias=False)
+    report = tg.graft(source, model)
+    assert report.ok and not report.reinitialised
+    assert torch.equal(model.emb.weight[:10], source["emb.weight"])
+    assert torch.equal(model.head.weight[:10], source["head.weight"])
 
 
 def test_label_map_picks_rows() -> None:
@@ -114,7 +152,7 @@ def test_adapt_false_and_strict(tmp_path: Path) -> None:
         "model expects (21, 8). Pass adapt=True to re-initialise it, or a rule that drops it.")
     assert info.value.report.unused == ["fc.weight", "fc.bias", "extra"]
     with pytest.raises(tg.GraftError, match="'extra' in the checkpoint is not used"):
-        tg.graft(source, model, strict=True)
+        tg.graft(source, model, strict=True, label_map=range(21))
 
 
 def test_bookkeeping_buffers_never_fail(model: SmallNet) -> None:
@@ -182,11 +220,12 @@ def test_report_text_and_json(tmp_path: Path) -> None:
               "module.old.weight": torch.randn(2)}
     model = nn.Sequential()
     model.fc = nn.Linear(4, 3)
-    report = tg.graft(source, model, match="name")
+    report = tg.graft(source, model, match="name", label_map=[0, 1, 2])
     text = str(report)
-    assert text.splitlines()[0] == ("graft ok: 2 loaded, 2 renamed, 2 adapted, 0 missing, "
-                                    "1 unused")
-    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept" in text
+    assert text.splitlines()[0] == ("graft ok: 2 loaded, 2 renamed, 2 adapted, 0 reinitialised, "
+                                    "0 tied, 0 missing, 1 unused")
+    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
+        in text
     assert "unused    module.old.weight  not in the model" in text
     data = json.loads(report.to_json())
     assert data["ok"] is True and data["mapping"]["fc.bias"] == "module.fc.bias"

@@ -80,8 +80,14 @@ def test_adaptations_and_their_messages() -> None:
                kinds=KINDS)
     steps = {s.target: s for s in build_plan(src, dst).steps}
     assert steps["conv.weight"].ops == (InputChannels(3, 4),)
-    assert steps["fc.weight"].ops == (Rows(1000, 21),)
-    assert steps["fc.weight"].describe() == "rows 1000->21: 21 kept"
+    plan = build_plan(src, dst)
+    assert "a new head, re-initialised (init='keep')" in plan.reinitialised["fc.weight"]
+    kept = {s.target: s for s in build_plan(src, dst, label_map=range(21)).steps}
+    assert kept["fc.weight"].ops == (Rows(1000, 21, "keep", tuple((i, i) for i in range(21))),)
+    assert kept["fc.weight"].describe() == "rows 1000->21: 21 kept chosen by label_map"
+    vocab = build_plan(side({"emb.weight": (10, 8)}), side({"emb.weight": (12, 8)},
+                                                            kinds={"emb": "embedding"}))
+    assert vocab.steps[0].ops == (Rows(10, 12),)
     strict = build_plan(src, dst, adapt=False)
     assert strict.missing["fc.weight"] == (
         "Cannot load 'fc.weight': checkpoint has (1000, 8) ('fc.weight'), model expects (21, 8)."
@@ -116,8 +122,8 @@ def test_structure_refuses_ambiguity() -> None:
     src = side({"a.weight": (4, 4), "b.weight": (4, 4)})
     dst = side({"x.weight": (4, 4)})
     plan = build_plan(src, dst)
-    assert not plan.steps and plan.ambiguous == 2
-    assert "ambiguous: 2 equally good alignments" in plan.missing["x.weight"]
+    assert not plan.steps
+    assert "structure is ambiguous: checkpoint modules 'a', 'b' fit it" in plan.missing["x.weight"]
 
 
 def test_structure_skips_an_inserted_module() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -12,6 +13,7 @@ from torch import nn
 
 from ..atomic import atomic_path
 from ..graft import GraftError, GraftReport, graft
+from ..graft.adapt import LabelMap
 from .factory import build_model
 from .render import print_json, print_report
 
@@ -29,6 +31,23 @@ def _save(model: nn.Module, path: Path, *, overwrite: bool) -> None:
             torch.save(model.state_dict(), temporary)
 
 
+def _label_map(text: str | None) -> LabelMap | None:
+    """Parse --label-map: a JSON list of rows (null for new ones) or an object of row pairs."""
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--label-map") from None
+    if isinstance(data, dict) and all(str(k).isdigit() and isinstance(v, int)
+                                      for k, v in data.items()):
+        return {int(k): v for k, v in data.items()}
+    if isinstance(data, list) and all(v is None or isinstance(v, int) for v in data):
+        return data
+    raise click.BadParameter("give a list of checkpoint rows (null for a new row) or an object "
+                             '{"model_row": checkpoint_row}', param_hint="--label-map")
+
+
 @click.command("graft")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--model", "model_spec", required=True, metavar="MODULE:FACTORY",
@@ -41,6 +60,9 @@ def _save(model: nn.Module, path: Path, *, overwrite: bool) -> None:
 @click.option("--match", type=click.Choice(["auto", "name", "structure"]), default="auto")
 @click.option("--init", type=click.Choice(["keep", "normal", "zeros"]), default="keep",
               help="How new rows of adapted tensors are filled.")
+@click.option("--label-map", default=None, metavar="JSON",
+              help="Rows to keep when a head's rows differ: a list (item i = the checkpoint row "
+                   "for model row i, null for a new row) or {model_row: checkpoint_row}.")
 @click.option("--no-adapt", is_flag=True, help="Copy exact shapes only.")
 @click.option("--strict", is_flag=True, help="Fail if any key is missing or unused.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
@@ -48,7 +70,8 @@ def _save(model: nn.Module, path: Path, *, overwrite: bool) -> None:
                                              "files only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
-                  rules: Path | None, match: str, init: str, no_adapt: bool, strict: bool,
+                  rules: Path | None, match: str, init: str, label_map: str | None,
+                  no_adapt: bool, strict: bool,
                   overwrite: bool, unsafe: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
@@ -58,13 +81,14 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     console = Console(soft_wrap=as_json)
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
+    rows = _label_map(label_map)
     model = build_model(model_spec, model_kwargs)
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("grafting", total=None)
         try:
             report: GraftReport = graft(
                 source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
-                init=init, strict=strict, unsafe=unsafe,  # type: ignore[arg-type]
+                init=init, strict=strict, unsafe=unsafe, label_map=rows,  # type: ignore[arg-type]
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
             failed = None
         except GraftError as exc:

@@ -74,7 +74,7 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")
 
 
-_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta"}
+_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta"}
 
 
 def print_report(console: Console, report: GraftReport) -> None:
@@ -89,6 +89,10 @@ def print_report(console: Console, report: GraftReport) -> None:
     console.print(f"graft {status}: {counts}")
     if report.max_abs_diff is not None:
         console.print(f"  max |output difference| = {report.max_abs_diff:.3g}")
+    if report.divergence:
+        console.print(f"  [red]diverged[/red]: {escape(report.divergence)}")
+    for warning in report.warnings:
+        console.print(f"  [yellow]warning[/yellow]: {escape(warning)}")
     rows = report.lines()
     if not rows:
         return

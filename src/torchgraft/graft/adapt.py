@@ -12,7 +12,8 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Init", "InputChannels", "LabelMap", "Op", "Rows", "Transpose", "fresh_values"]
+__all__ = ["Init", "InputChannels", "LabelMap", "Op", "RotaryPermute", "Rows", "Transpose",
+           "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -129,7 +130,30 @@ class Rows:
         return text + (f", {new} new (init={self.init})" if new else "")
 
 
-Op = Transpose | InputChannels | Rows
+@dataclass(frozen=True)
+class RotaryPermute:
+    """Reorder each attention head's rows between transformers' and Meta's rotary layouts.
+
+    transformers' Llama conversion stores each head's rows as ``view(heads, head_dim // 2, 2,
+    ...).transpose(1, 2)`` of Meta's; this undoes it (``to_meta``) or applies it.
+    """
+
+    head_dim: int
+    to_meta: bool
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """Return the tensor with its rows in the target's rotary order."""
+        heads = tensor.shape[0] // self.head_dim
+        half = (2, self.head_dim // 2) if self.to_meta else (self.head_dim // 2, 2)
+        return tensor.reshape(heads, *half, -1).transpose(1, 2).reshape(tensor.shape)
+
+    def describe(self) -> str:
+        """Text for the report."""
+        way = "transformers' -> Meta's" if self.to_meta else "Meta's -> transformers'"
+        return f"rotary rows permuted ({way} layout, head_dim {self.head_dim})"
+
+
+Op = Transpose | InputChannels | Rows | RotaryPermute
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

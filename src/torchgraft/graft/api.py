@@ -4,93 +4,159 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
+import torch
 from torch import nn
 
 from ..errors import TorchgraftError
 from .adapt import Init, LabelMap
 from .execute import execute_plan
 from .layouts import layouts_for
-from .plan import Match, build_plan
+from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
+from .plan import Match, Plan, build_plan
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
 from .sides import module_side, unwrap
 from .source import SourceLike, open_source
-from .verify import max_abs_diff
+from .verify import compare
 
-__all__ = ["graft"]
+__all__ = ["Verify", "graft"]
 
 logger = logging.getLogger("torchgraft")
 
 
+Verify = bool | Literal["auto"]
+
+
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
-          example_inputs: Any = None, verify: bool = False, label_map: LabelMap | None = None,
+          example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
+          label_map: LabelMap | None = None, device: str | torch.device | None = None,
           unsafe: bool = False, weights_key: str | None = None,
           progress: Callable[[int, int], None] | None = None) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
     ``_orig_mod.``, ``model.``, or a common prefix such as ``backbone.``) on either side, after
-    the user's ``rules`` and the source framework's layout (PaddlePaddle, GPT-2 ``Conv1D``);
-    then, for what is left, by structure: order of use, shapes and module kinds. Shapes that
-    differ in rows (a new classifier) or in a convolution's input channels are adapted.
+    the user's ``rules`` and the layouts between the two sides (PaddlePaddle, GPT-2
+    ``Conv1D``, transformers' and Meta's Llama); then, for what is left, by structure: order,
+    shapes and module kinds. Shapes that differ in a convolution's input channels are adapted;
+    a head whose rows differ is re-initialised (rows kept where ``label_map`` says), an
+    embedding keeps the rows both have.
+
+    A model built on the meta device gets real storage for every tensor the graft fills (on
+    ``device``), read straight into it: no random initialisation, no second copy.
 
     Args:
         source: A checkpoint path (any format :func:`torchgraft.open` reads), a state dict, an
             ``nn.Module``, or a :func:`torchgraft.open` result.
         model: The target, possibly wrapped in DataParallel, DistributedDataParallel or
-            torch.compile; filled in place.
+            torch.compile, possibly built on the meta device; filled in place.
         rules: ``(regex, replacement)`` pairs applied to source keys first (``None`` drops the
             key), a mapping of them, or a JSON/YAML file of either.
         match: ``"auto"``, ``"name"`` (no structural matching) or ``"structure"`` (only).
         adapt: Adapt rows and input channels; ``False`` copies exact shapes only.
-        init: New rows: ``"keep"`` the model's own values, ``"normal"`` (std 0.02, zero
-            biases) or ``"zeros"``.
-        strict: Raise :class:`GraftError` if any key is missing or unused (bookkeeping buffers
-            such as ``num_batches_tracked`` aside).
-        example_inputs: Positional inputs (a tuple, or a lone tensor): orders tensors by use
-            for structural matching, and feeds ``verify``.
-        verify: Run the source module and the model on ``example_inputs`` and report
-            ``max_abs_diff``; needs a module source.
+        init: New rows and re-initialised heads: ``"keep"`` the model's own values,
+            ``"normal"`` (std 0.02, zero biases) or ``"zeros"``.
+        strict: Raise :class:`GraftError` if any key is missing, unused or re-initialised
+            (bookkeeping buffers such as ``num_batches_tracked`` aside), or outputs diverge.
+        example_inputs: The model's positional inputs (a tuple, or a lone tensor): orders its
+            tensors by use for structural matching, and feeds ``verify``.
+        source_inputs: A module source's inputs, where they differ from ``example_inputs``.
+        verify: ``"auto"``: when the source is a module, inputs are given and the graft is a
+            plain copy (no rows, channels or casts adapted), run both models and compare; a
+            difference beyond 1e-4 of the output's scale makes the report not ok and names
+            the first module where activations diverge. ``True`` always compares (and needs a
+            module source and inputs); ``False`` never does.
         label_map: For row adaptations: ``{target_row: source_row}`` or a sequence of source
             rows (``None`` for a new row).
+        device: Where tensors of a meta-device model get their storage; by default where the
+            model's other tensors are, else the CPU.
         unsafe: For checkpoint paths: let pickles call code outside the allow-list.
         weights_key: For checkpoint paths: where the weights are in a training checkpoint.
         progress: Called with (tensors done, total) as tensors are filled.
 
     Returns:
-        The report: loaded, mapping, adapted, missing, unused, reasons, ok.
+        The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
+        warnings, ok.
 
     Raises:
-        GraftError: With ``strict=True``, if anything is missing or unused.
+        GraftError: With ``strict=True``, if the report is not clean.
         TorchgraftError: If the source cannot be read or an option is invalid.
     """
     if match not in get_args(Match):
         raise TorchgraftError(f"match={match!r}: use 'auto', 'name' or 'structure'")
     if init not in get_args(Init):
         raise TorchgraftError(f"init={init!r}: use 'keep', 'normal' or 'zeros'")
-    if verify and (not isinstance(source, nn.Module) or example_inputs is None):
+    if verify not in (True, False, "auto"):
+        raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
+    source_inputs = example_inputs if source_inputs is None else source_inputs
+    if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
-    target_side = module_side(target, example_inputs)
-    opened = open_source(source, example_inputs=example_inputs, unsafe=unsafe,
+    on_meta = has_meta(target)
+    warnings = []
+    if on_meta and init == "keep":
+        init = "normal"
+        warnings.append("the model is on the meta device, so it has no values of its own to "
+                        "keep: new rows and re-initialised heads use init='normal'")
+    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
+    opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key)
     try:
         try:
             plan = build_plan(opened.side, target_side, rules=parse_rules(rules),
-                              layouts=layouts_for(opened.side), match=match, adapt=adapt,
-                              init=init, label_map=label_map)
+                              layouts=layouts_for(opened.side, target_side), match=match,
+                              adapt=adapt, init=init, label_map=label_map)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
-        execute_plan(plan, opened.refs, target.state_dict(keep_vars=True), progress=progress)
+        plan.warnings[:0] = warnings
+        if on_meta:
+            where = torch.device(device) if device is not None else default_device(target)
+            zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
+                k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
+            materialise(target, [s.target for s in plan.steps], where, zeroed=zeroed)
+        state = target.state_dict(keep_vars=True)
+        execute_plan(plan, opened.refs, state, progress=progress)
     finally:
         opened.close()
     report = GraftReport.from_plan(plan)
-    if verify and opened.module is not None:
-        report.max_abs_diff = max_abs_diff(opened.module, target, example_inputs)
+    for key in still_on_meta(target) if on_meta else ():
+        report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
+                                "build the model with real tensors for what the checkpoint "
+                                "lacks (non-persistent buffers are computed by its code)")
+    if verify is True or (verify == "auto" and opened.module is not None
+                          and example_inputs is not None and _plain_copy(report)):
+        assert opened.module is not None
+        _verify(report, plan, opened.module, target, source_inputs, example_inputs)
     logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _meta_inputs(inputs: Any) -> Any:
+    """Example inputs moved to the meta device, to order a meta model's tensors by use."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to("meta")
+    if isinstance(inputs, tuple):
+        return tuple(_meta_inputs(x) for x in inputs)
+    return inputs
+
+
+def _plain_copy(report: GraftReport) -> bool:
+    """Whether the model should compute what the source computes: nothing adapted or missing."""
+    layout_only = all(text.startswith(("transposed", "rotary")) for text in
+                      report.adapted.values())
+    return layout_only and report.ok and not report.reinitialised
+
+
+def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Module,
+            source_inputs: Any, target_inputs: Any) -> None:
+    module_map = {s.target.rpartition(".")[0]: s.source.rpartition(".")[0] for s in plan.steps}
+    result = compare(source, target, source_inputs, target_inputs, module_map=module_map)
+    report.max_abs_diff = result.max_abs_diff
+    if result.divergence is not None:
+        report.divergence = (f"{result.divergence}; outputs differ by {result.max_abs_diff:.3g} "
+                             f"(tolerance {result.tolerance:.3g})")

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from ..meta import TensorRef
+from .adapt import fresh_values
 from .plan import Plan
 
 __all__ = ["execute_plan"]
@@ -17,7 +18,7 @@ logger = logging.getLogger("torchgraft")
 
 def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor], *,
                  progress: Callable[[int, int], None] | None = None) -> None:
-    """Fill the target tensors in place, one at a time.
+    """Fill the target tensors in place, one at a time; give re-initialised ones fresh values.
 
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
     the parameter's memory, so no second copy of the weights ever exists.
@@ -41,3 +42,7 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
                 ref.read_into(out)
             if progress is not None:
                 progress(done, len(plan.steps))
+        if plan.init != "keep":
+            for key in plan.reinitialised:
+                out = targets[key]
+                out.copy_(fresh_values(out.detach(), plan.init))

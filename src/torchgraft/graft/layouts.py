@@ -1,72 +1,224 @@
 """Framework layouts: how another framework names and stores what PyTorch calls the same thing.
 
-Each layout is data: renames (rules) and which weights are stored transposed. A layout applies
-when the source's format or module types say it was written that way.
+Each layout is data: renames (rules), which weights are stored transposed, and which rows are
+stored in another order (rotary attention). A layout applies when the two sides' formats,
+names or module types say they were written differently.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["GPT2_CONV1D", "LAYOUTS", "PADDLE", "Layout", "layouts_for"]
+__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "Layout",
+           "RotaryRows", "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
+
+
+@dataclass(frozen=True)
+class RotaryRows:
+    """Which weights store rotary (RoPE) attention rows in another order, and how to fix them.
+
+    transformers' Llama conversion interleaves each head's rows (``w.view(heads, d // heads //
+    2, 2, dim).transpose(1, 2)``); Meta's reference layout keeps the two halves together.
+
+    Attributes:
+        targets: Target keys (after renames) whose rows must be permuted.
+        to_meta: Permute from transformers' order to Meta's (else the reverse).
+    """
+
+    targets: re.Pattern[str]
+    to_meta: bool
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A framework's way of storing weights.
+    """A framework's way of storing weights, relative to the other side of a graft.
 
     Attributes:
         name: Shown in reports.
-        applies: Whether a source uses this layout.
-        renames: Rules from this layout's names to PyTorch's.
+        applies: Whether this layout stands between a source and a target.
+        renames: Rules from the source's names to the target's.
         exports: Rules from PyTorch's names to this layout's (``None`` drops what it lacks).
         transposed: Whether a source tensor is stored transposed relative to a target tensor.
         why: Shown in reports for transposed tensors.
+        rotary: Rotary rows this layout stores in another order.
     """
 
     name: str
-    applies: Callable[[Side], bool]
+    applies: Callable[[Side, Side], bool]
     renames: tuple[Rule, ...] = ()
     exports: tuple[Rule, ...] = ()
     transposed: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
     why: str = ""
+    rotary: RotaryRows | None = None
 
 
-def _linear_weight(dst: TensorInfo) -> bool:
-    return dst.kind == "linear" and dst.name.rsplit(".", 1)[-1] == "weight" and len(dst.shape) == 2
+def _leaf(info: TensorInfo) -> str:
+    return info.name.rsplit(".", 1)[-1]
+
+
+def _linear_weight(info: TensorInfo) -> bool:
+    return info.kind in ("linear", None) and _leaf(info) == "weight" and len(info.shape) == 2
 
 
 PADDLE = Layout(
     name="paddle",
-    applies=lambda side: side.format == "paddle",
+    applies=lambda src, dst: src.format == "paddle",
     renames=(Rule(r"\._mean$", ".running_mean"), Rule(r"\._variance$", ".running_var")),
     exports=(Rule(r"\.running_mean$", "._mean"), Rule(r"\.running_var$", "._variance"),
              Rule(r"(^|\.)num_batches_tracked$", None)),
-    transposed=lambda src, dst: _linear_weight(dst) and len(src.shape) == 2,
+    transposed=lambda src, dst: (dst.kind == "linear" and _linear_weight(dst)
+                                 and len(src.shape) == 2),
     why="Paddle stores Linear weights as [in, out]",
 )
 
+#: GPT-2's ``Conv1D`` modules, by name; a file is in that layout when its fused attention or
+#: first MLP weight is stored [in, out] (wider than tall).
+_CONV1D_NAME = re.compile(r"(^|\.)(attn\.c_attn|attn\.q_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)"
+                          r"\.(weight|bias)$")
+_CONV1D_WIDE = {re.compile(r"(^|\.)attn\.c_attn\.weight$"): 3,
+                re.compile(r"(^|\.)mlp\.c_fc\.weight$"): 4}
+
+
+def _conv1d_pair(src: TensorInfo, dst: TensorInfo) -> bool:
+    """Exactly one side is a Conv1D weight and the other a Linear (or unknown) weight."""
+    if _leaf(src) != "weight" or len(src.shape) != 2 or len(dst.shape) != 2:
+        return False
+    if src.kind == "gpt2_conv1d":
+        return _linear_weight(dst)
+    return dst.kind == "gpt2_conv1d" and _linear_weight(src)
+
+
 GPT2_CONV1D = Layout(
     name="gpt2-conv1d",
-    applies=lambda side: any(t.kind == "gpt2_conv1d" for t in side.tensors.values()),
-    transposed=lambda src, dst: src.kind == "gpt2_conv1d" and _linear_weight(dst),
+    applies=lambda src, dst: any(t.kind == "gpt2_conv1d"
+                                 for side in (src, dst) for t in side.tensors.values()),
+    transposed=_conv1d_pair,
     why="GPT-2's Conv1D stores weights as [in, out]",
 )
 
-LAYOUTS = (PADDLE, GPT2_CONV1D)
+
+def mark_file_kinds(side: Side) -> Side:
+    """Recognise module kinds from a file's names and shapes (GPT-2 ``Conv1D`` weights).
+
+    Args:
+        side: A side read from a file (no module kinds).
+
+    Returns:
+        The side, with ``gpt2_conv1d`` kinds where its names and shapes say so.
+    """
+    wide = any(pattern.search(name) and len(info.shape) == 2
+               and info.shape[1] == factor * info.shape[0]
+               for name, info in side.tensors.items() for pattern, factor in _CONV1D_WIDE.items())
+    if wide:
+        for name, info in list(side.tensors.items()):
+            if _CONV1D_NAME.search(name) and info.kind is None:
+                side.tensors[name] = TensorInfo(name, info.shape, info.dtype, "gpt2_conv1d")
+    return side
 
 
-def layouts_for(source: Side) -> list[Layout]:
-    """Return the layouts a source was written in.
+# Name families: the same architecture written by two code bases.
+_FAMILIES = {
+    "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
+    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq\.weight$"),
+}
+_LLAMA_NAMES = (  # transformers' names, Meta's names (torchtune's _FROM_META, reversed)
+    (r"^(model\.)?embed_tokens\.", "tok_embeddings."),
+    (r"^(model\.)?norm\.", "norm."),
+    (r"^lm_head\.", "output."),
+    (r"^(model\.)?layers\.(\d+)\.self_attn\.q_proj\.", r"layers.\2.attention.wq."),
+    (r"^(model\.)?layers\.(\d+)\.self_attn\.k_proj\.", r"layers.\2.attention.wk."),
+    (r"^(model\.)?layers\.(\d+)\.self_attn\.v_proj\.", r"layers.\2.attention.wv."),
+    (r"^(model\.)?layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\2.attention.wo."),
+    (r"^(model\.)?layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\2.feed_forward.w1."),
+    (r"^(model\.)?layers\.(\d+)\.mlp\.down_proj\.", r"layers.\2.feed_forward.w2."),
+    (r"^(model\.)?layers\.(\d+)\.mlp\.up_proj\.", r"layers.\2.feed_forward.w3."),
+    (r"^(model\.)?layers\.(\d+)\.input_layernorm\.", r"layers.\2.attention_norm."),
+    (r"^(model\.)?layers\.(\d+)\.post_attention_layernorm\.", r"layers.\2.ffn_norm."),
+)
+_META_TO_HF_NAMES = (
+    (r"^tok_embeddings\.", "model.embed_tokens."),
+    (r"^norm\.", "model.norm."),
+    (r"^output\.", "lm_head."),
+    (r"^layers\.(\d+)\.attention\.wq\.", r"model.layers.\1.self_attn.q_proj."),
+    (r"^layers\.(\d+)\.attention\.wk\.", r"model.layers.\1.self_attn.k_proj."),
+    (r"^layers\.(\d+)\.attention\.wv\.", r"model.layers.\1.self_attn.v_proj."),
+    (r"^layers\.(\d+)\.attention\.wo\.", r"model.layers.\1.self_attn.o_proj."),
+    (r"^layers\.(\d+)\.feed_forward\.w1\.", r"model.layers.\1.mlp.gate_proj."),
+    (r"^layers\.(\d+)\.feed_forward\.w2\.", r"model.layers.\1.mlp.down_proj."),
+    (r"^layers\.(\d+)\.feed_forward\.w3\.", r"model.layers.\1.mlp.up_proj."),
+    (r"^layers\.(\d+)\.attention_norm\.", r"model.layers.\1.input_layernorm."),
+    (r"^layers\.(\d+)\.ffn_norm\.", r"model.layers.\1.post_attention_layernorm."),
+)
+
+
+def family_of(side: Side) -> str | None:
+    """Which known naming family a side's names belong to (``"transformers-llama"``...).
+
+    Args:
+        side: A side.
+
+    Returns:
+        The family, or ``None``.
+    """
+    for family, pattern in _FAMILIES.items():
+        if any(pattern.search(name) for name in side.tensors):
+            return family
+    return None
+
+
+def _between(src_family: str, dst_family: str) -> Callable[[Side, Side], bool]:
+    return lambda src, dst: family_of(src) == src_family and family_of(dst) == dst_family
+
+
+LLAMA_HF_TO_META = Layout(
+    name="transformers-llama->meta-llama",
+    applies=_between("transformers-llama", "meta-llama"),
+    renames=tuple(Rule(p, r) for p, r in _LLAMA_NAMES),
+    rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True),
+)
+
+LLAMA_META_TO_HF = Layout(
+    name="meta-llama->transformers-llama",
+    applies=_between("meta-llama", "transformers-llama"),
+    renames=tuple(Rule(p, r) for p, r in _META_TO_HF_NAMES),
+    rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
+)
+
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF)
+
+
+def layouts_for(source: Side, target: Side) -> list[Layout]:
+    """Return the layouts that stand between a source and a target.
 
     Args:
         source: The source side.
+        target: The target side.
 
     Returns:
         The layouts that apply, in :data:`LAYOUTS` order.
     """
-    return [layout for layout in LAYOUTS if layout.applies(source)]
+    return [layout for layout in LAYOUTS if layout.applies(source, target)]
+
+
+def rotary_warning(source: Side, target: Side) -> str | None:
+    """A warning when one side is a rotary family and the other is not recognised.
+
+    Args:
+        source: The source side.
+        target: The target side.
+
+    Returns:
+        The warning, or ``None`` when both families are known or neither is.
+    """
+    families = (family_of(source), family_of(target))
+    if (families[0] is None) == (families[1] is None):
+        return None
+    known = families[0] or families[1]
+    return (f"one side is {known}, the other is not a naming family torchgraft knows: attention "
+            "q/k rows matched there keep the source's rotary (RoPE) order, which may differ; "
+            "check the outputs")

@@ -9,7 +9,11 @@ Matching runs in steps; each target key records the step that matched it:
    under a common prefix one side adds (``backbone.``, ``encoder.``...).
 3. ``structure``: what is left, aligned by order of use, shapes and module kinds.
 
-``match="name"`` stops before structure; ``match="structure"`` goes straight to it.
+``match="name"`` stops before structure; ``match="structure"`` goes straight to it. A target
+tensor tied to another (the same Parameter) is filled once, through the first of its names
+that matched, and listed in ``tied``. A head whose rows differ is re-initialised (``init=``)
+unless a ``label_map`` says which rows correspond; an embedding (or a head as wide as one, a
+vocabulary) keeps the rows both have.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..wrappers import detect_wrappers
-from .adapt import Init, InputChannels, LabelMap, Op, Rows, Transpose, label_pairs
-from .layouts import Layout
+from .adapt import Init, InputChannels, LabelMap, Op, RotaryPermute, Rows, Transpose, label_pairs
+from .layouts import Layout, rotary_warning
 from .rules import Rule, rename
 from .sides import Side, TensorInfo
 from .structure import align
 
-__all__ = ["BOOKKEEPING", "Match", "Plan", "PlanStep", "build_plan", "is_bookkeeping"]
+__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "build_plan", "is_bookkeeping"]
 
 Match = Literal["auto", "name", "structure"]
 
@@ -37,6 +41,10 @@ BOOKKEEPING = (
     re.compile(r"(^|\.)position_ids$"),
     re.compile(r"(^|\.)attn\.(masked_)?bias$"),
 )
+
+
+#: How an unused source tensor whose target was re-initialised is described.
+REINITIALISED = "was re-initialised instead: the shapes differ"
 
 
 def is_bookkeeping(name: str) -> bool:
@@ -76,13 +84,20 @@ class Plan:
         steps: The tensors to fill, in the target's order.
         missing: Target keys left as they are, with the reason.
         unused: Source keys not used, with the reason.
-        ambiguous: Number of equally good structural alignments, when structure was ambiguous.
+        reinitialised: Target keys given fresh values (``init=``) instead of the checkpoint's,
+            with the reason (a new classifier head).
+        tied: Target key to the key it is tied to, filled through that key.
+        warnings: What the plan could not be sure of.
+        init: How re-initialised tensors are filled.
     """
 
     steps: list[PlanStep] = field(default_factory=list)
     missing: dict[str, str] = field(default_factory=dict)
     unused: dict[str, str] = field(default_factory=dict)
-    ambiguous: int = 0
+    reinitialised: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    init: Init = "keep"
 
 
 def _strip_wrappers(names: Sequence[str]) -> dict[str, str]:
@@ -130,14 +145,44 @@ def _transpose(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> T
     return None
 
 
+# Module kinds that hold the same thing in another layout (a Conv1D bias is a Linear bias).
+_SAME_KIND = {"gpt2_conv1d": "linear"}
+
+
+def _kinds_differ(src: TensorInfo, dst: TensorInfo) -> bool:
+    if src.kind is None or dst.kind is None:
+        return False
+    return _SAME_KIND.get(src.kind, src.kind) != _SAME_KIND.get(dst.kind, dst.kind)
+
+
 def _fits(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bool]:
     def fits(src: TensorInfo, dst: TensorInfo) -> bool:
         transposed = _transpose(src, dst, layouts) is not None
-        kinds_differ = src.kind is not None and dst.kind is not None and src.kind != dst.kind
-        if kinds_differ and not transposed:
+        if _kinds_differ(src, dst) and not transposed:
             return False
         return (src.shape[::-1] if transposed else src.shape) == dst.shape
     return fits
+
+
+def _rotary(target: str, dst: Side, layouts: Sequence[Layout]) -> RotaryPermute | str | None:
+    """The rotary permutation a target tensor needs; a reason when its head size is unknown."""
+    for layout in layouts:
+        if layout.rotary is None or not layout.rotary.targets.search(target):
+            continue
+        module = target
+        while module:
+            module = module.rpartition(".")[0]
+            if module in dst.head_dims:
+                return RotaryPermute(dst.head_dims[module], layout.rotary.to_meta)
+        return (f"Cannot load '{target}': its rotary rows are in {layout.name.split('->')[0]}'s "
+                "order and the model says no head_dim to reorder them by (give its attention "
+                "module a head_dim attribute).")
+    return None
+
+
+def _vocab_rows(dst: Side) -> set[int]:
+    return {info.shape[0] for info in dst.tensors.values()
+            if info.kind == "embedding" and len(info.shape) == 2}
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -145,27 +190,44 @@ def _shape_text(shape: tuple[int, ...]) -> str:
 
 
 def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...], *, init: Init,
-           label_map: LabelMap | None) -> Op | None:
-    """The adaptation turning ``shape`` into the target's, if there is one."""
+           label_map: LabelMap | None, vocab: set[int]) -> Op | str | None:
+    """The adaptation turning ``shape`` into the target's; a reason to re-initialise it."""
     if len(shape) != len(dst.shape) or not shape:
         return None
     differ = [i for i, (a, b) in enumerate(zip(shape, dst.shape, strict=True)) if a != b]
     if differ == [1] and len(shape) in (3, 4, 5) and dst.kind in ("conv", None):
         return InputChannels(shape[1], dst.shape[1], init)
-    if differ == [0]:
-        pairs = label_pairs(label_map, shape[0], dst.shape[0]) if label_map is not None else None
-        return Rows(shape[0], dst.shape[0], init, pairs)
-    return None
+    if differ != [0]:
+        return None
+    if label_map is not None:
+        return Rows(shape[0], dst.shape[0], init, label_pairs(label_map, shape[0], dst.shape[0]))
+    if dst.kind == "embedding" or dst.shape[0] in vocab:
+        return Rows(shape[0], dst.shape[0], init)
+    return (f"the checkpoint has {shape[0]} rows ('{src.name}'), the model {dst.shape[0]}: a new "
+            f"head, re-initialised (init={init!r}); pass label_map=... to keep rows that "
+            "correspond")
 
 
 def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo,
-            layouts: Sequence[Layout], plan: Plan, *, adapt: bool, init: Init,
+            layouts: Sequence[Layout], plan: Plan, dst_side: Side, *, adapt: bool, init: Init,
             label_map: LabelMap | None) -> None:
     transpose = _transpose(src, dst, layouts)
     shape = src.shape[::-1] if transpose else src.shape
     ops: list[Op] = [transpose] if transpose else []
+    rotary = _rotary(target, dst_side, layouts)
+    if isinstance(rotary, str):
+        plan.missing[target] = rotary
+        plan.unused[source] = f"its rotary rows could not be reordered for '{target}'"
+        return
+    if rotary is not None:
+        ops.append(rotary)
     if shape != dst.shape:
-        op = _adapt(src, dst, shape, init=init, label_map=label_map) if adapt else None
+        op = _adapt(src, dst, shape, init=init, label_map=label_map,
+                    vocab=_vocab_rows(dst_side)) if adapt else None
+        if isinstance(op, str):
+            plan.reinitialised[target] = op
+            plan.unused[source] = f"'{target}' {REINITIALISED}"
+            return
         if op is None:
             fix = ("Pass adapt=True to re-initialise it, or a rule that drops it." if not adapt
                    else "Only a leading dimension (rows) or a convolution's input channels "
@@ -180,6 +242,11 @@ def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo
     cast = "" if src.dtype == dst.dtype else \
         f"{str(src.dtype).removeprefix('torch.')}->{str(dst.dtype).removeprefix('torch.')}"
     plan.steps.append(PlanStep(target, source, how, tuple(ops), cast))
+
+
+def _renamed_info(info: TensorInfo, name: str) -> TensorInfo:
+    """A source tensor's info under its renamed key (module paths follow renames)."""
+    return TensorInfo(name, info.shape, info.dtype, info.kind) if name != info.name else info
 
 
 def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
@@ -200,7 +267,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     Returns:
         The plan.
     """
-    plan = Plan()
+    plan = Plan(init=init)
     renamed: dict[str, str] = {}
     how_renamed: dict[str, str] = {}
     layout_rules = [rule for layout in layouts for rule in layout.renames]
@@ -237,29 +304,60 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         to_target = {stripped_t[t]: t for t in left_t}
         take({to_target[t]: by_stripped[s] for t, s in prefixed.items()}, "prefix")
 
+    ambiguous: dict[str, str] = {}
     if match != "name":
-        left_t = [t for t in dst.order if t not in pairs]
+        filled = {dst.ties.get(t, t) for t in pairs}
+        left_t = [t for t in dst.order if t not in pairs and dst.ties.get(t, t) not in filled]
         left_s = [s for s in src.order if s in renamed and s not in pairs.values()]
-        alignment = align(left_t, left_s, dst.tensors, src.tensors, _fits(layouts))
-        plan.ambiguous = alignment.ambiguous
-        take(alignment.pairs, "structure")
+        back = {renamed[s]: s for s in left_s}
+        src_infos = {renamed[s]: _renamed_info(src.tensors[s], renamed[s]) for s in left_s}
+        alignment = align(left_t, list(back), dst.tensors, src_infos, _fits(layouts),
+                          is_bookkeeping)
+        ambiguous = alignment.ambiguous
+        take({t: back[s] for t, s in alignment.pairs.items()}, "structure")
+        structural = any(how[t] == "structure" for t in pairs)
+        warning = rotary_warning(src, dst) if structural else None
+        if warning:
+            plan.warnings.append(warning)
 
+    filler: dict[str, str] = {}
     for target in dst.tensors:
-        if target in pairs:
+        owner = dst.ties.get(target, target)
+        if target in pairs and owner not in filler:
+            filler[owner] = target
+    for target in dst.tensors:
+        owner = dst.ties.get(target, target)
+        if owner in filler and filler[owner] != target:
+            plan.tied[target] = filler[owner]
+            sources = (pairs.get(target), pairs[filler[owner]])
+            if sources[0] is not None and src.ties.get(sources[0], sources[0]) != \
+                    src.ties.get(sources[1], sources[1]):
+                plan.unused[pairs[target]] = (f"'{target}' is tied to '{filler[owner]}' in the "
+                                              f"model, filled from '{pairs[filler[owner]]}'")
+                plan.warnings.append(f"'{target}' and '{filler[owner]}' are one tensor in the "
+                                     f"model but two in the checkpoint; '{pairs[filler[owner]]}' "
+                                     "was used")
+        elif target in pairs:
             source = pairs[target]
             _decide(target, source, how[target], src.tensors[source], dst.tensors[target],
-                    layouts, plan, adapt=adapt, init=init, label_map=label_map)
+                    layouts, plan, dst, adapt=adapt, init=init, label_map=label_map)
+        elif target in ambiguous:
+            plan.missing[target] = ambiguous[target]
         elif is_bookkeeping(target):
             plan.missing[target] = ("a bookkeeping buffer the checkpoint lacks; left as it is "
                                     "(never fails a graft)")
         else:
             tried = {"auto": "by name or by structure", "name": "by name",
                      "structure": "by structure"}[match]
-            extra = (f" (structure was ambiguous: {plan.ambiguous} equally good alignments)"
-                     if plan.ambiguous else "")
-            plan.missing[target] = f"no checkpoint tensor matches it {tried}{extra}"
+            plan.missing[target] = f"no checkpoint tensor matches it {tried}"
     used = {step.source for step in plan.steps}
+    for key in [*plan.tied]:
+        if plan.tied[key] in plan.missing:
+            plan.missing[key] = f"tied to '{plan.tied.pop(key)}', which is missing"
+    used |= {src.ties.get(source, source) for source in used}
     for source in renamed:
+        if src.ties.get(source, source) in used:
+            continue
         if source not in used and source not in plan.unused:
             plan.unused[source] = "not in the model"
     return plan

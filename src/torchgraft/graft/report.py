@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TorchgraftError
-from .plan import Plan, is_bookkeeping
+from .plan import REINITIALISED, Plan, is_bookkeeping
 
 __all__ = ["GraftError", "GraftReport"]
 
@@ -24,9 +24,16 @@ class GraftReport:
         adapted: Target key to what was done to the tensor (transposed, rows, channels, cast).
         missing: Target keys left as they were.
         unused: Source keys not used.
-        reasons: Key to why it is missing or unused.
-        max_abs_diff: With ``verify=True``: the largest output difference between the source
-            module and the model.
+        reasons: Key to why it is missing, unused or re-initialised.
+        reinitialised: Target key to why it got fresh values (``init=``) rather than the
+            checkpoint's: a new classifier head. Handled: it does not make the report not ok
+            (``strict=True`` still raises for it).
+        tied: Target key to the key it is tied to (the same Parameter), filled once through it.
+        warnings: What torchgraft could not be sure of, in words.
+        max_abs_diff: When outputs were compared (``verify``): the largest output difference
+            between the source module and the model.
+        divergence: When outputs were compared and differ beyond tolerance: where activations
+            first diverge. The report is then not ok.
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -36,7 +43,11 @@ class GraftReport:
     missing: list[str] = field(default_factory=list)
     unused: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    reinitialised: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
+    divergence: str | None = None
 
     @classmethod
     def from_plan(cls, plan: Plan) -> GraftReport:
@@ -50,18 +61,36 @@ class GraftReport:
                 report.adapted[step.target] = step.describe()
         report.missing = list(plan.missing)
         report.unused = list(plan.unused)
-        report.reasons = {**plan.unused, **plan.missing}
+        report.reinitialised = dict(plan.reinitialised)
+        report.tied = dict(plan.tied)
+        report.warnings = list(plan.warnings)
+        report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
         return report
+
+    def add_missing(self, key: str, reason: str) -> None:
+        """Record a target key found missing after the plan ran (left on the meta device)."""
+        if key in self.loaded:
+            self.loaded.remove(key)
+        if key not in self.missing:
+            self.missing.append(key)
+        self.reasons[key] = reason
 
     @property
     def ok(self) -> bool:
-        """True when no target key is missing (bookkeeping buffers aside)."""
-        return not [k for k in self.missing if not is_bookkeeping(k)]
+        """True when every target key is loaded, tied or re-initialised, and outputs agree.
+
+        Bookkeeping buffers aside; outputs only where they were compared.
+        """
+        return self.divergence is None and not [k for k in self.missing if not is_bookkeeping(k)]
 
     @property
     def clean(self) -> bool:
-        """True when nothing is missing or unused (bookkeeping buffers aside): what strict needs."""
-        return self.ok and not [k for k in self.unused if not is_bookkeeping(k)]
+        """True when nothing is missing, unused or re-initialised: what strict needs.
+
+        Bookkeeping buffers aside.
+        """
+        return (self.ok and not self.reinitialised
+                and not [k for k in self.unused if not is_bookkeeping(k)])
 
     def counts(self) -> dict[str, int]:
         """Numbers of keys loaded, renamed (matched other than by exact name), adapted..."""
@@ -69,6 +98,8 @@ class GraftReport:
             "loaded": len(self.loaded),
             "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
             "adapted": len(self.adapted),
+            "reinitialised": len(self.reinitialised),
+            "tied": len(self.tied),
             "missing": len(self.missing),
             "unused": len(self.unused),
         }
@@ -78,7 +109,9 @@ class GraftReport:
         return {"ok": self.ok, "counts": self.counts(), "loaded": self.loaded,
                 "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
-                "max_abs_diff": self.max_abs_diff}
+                "reinitialised": self.reinitialised, "tied": self.tied,
+                "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
+                "divergence": self.divergence}
 
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""
@@ -92,6 +125,8 @@ class GraftReport:
                 rows.append(("adapted", key, f"<- {self.mapping[key]}: {self.adapted[key]}"))
             elif self.matched_by[key] != "exact":
                 rows.append((self.matched_by[key], key, f"<- {self.mapping[key]}"))
+        rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
+        rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
         rows += [("missing", k, self.reasons[k]) for k in self.missing]
         rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
         return rows
@@ -101,7 +136,10 @@ class GraftReport:
         head = f"graft {'ok' if self.ok else 'INCOMPLETE'}: {counts}"
         if self.max_abs_diff is not None:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
-        return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines())])
+        tail = [f"  warning   {w}" for w in self.warnings]
+        if self.divergence:
+            tail.insert(0, f"  diverged  {self.divergence}")
+        return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines()), *tail])
 
 
 class GraftError(TorchgraftError):
@@ -113,9 +151,15 @@ class GraftError(TorchgraftError):
 
     def __init__(self, report: GraftReport) -> None:
         self.report = report
-        problems = [report.reasons[k] for k in report.missing if not is_bookkeeping(k)]
+        problems = [report.reasons[k] if f"'{k}'" in report.reasons[k]
+                    else f"'{k}': {report.reasons[k]}"
+                    for k in report.missing if not is_bookkeeping(k)]
         problems += [f"'{k}' in the checkpoint is not used: {report.reasons[k]}"
-                     for k in report.unused if not is_bookkeeping(k) and k not in report.missing]
+                     for k in report.unused if not is_bookkeeping(k) and k not in report.missing
+                     and not report.reasons[k].endswith(REINITIALISED)]
+        problems += [f"'{k}' re-initialised: {v}" for k, v in report.reinitialised.items()]
+        if report.divergence:
+            problems.insert(0, report.divergence)
         shown = "; ".join(problems[:3])
         more = f" (and {len(problems) - 3} more; see .report)" if len(problems) > 3 else ""
         super().__init__(f"strict graft failed: {shown}{more}")

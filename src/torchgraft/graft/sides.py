@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,8 @@ from torch import nn
 
 from ..errors import TorchgraftError
 
-__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "module_side", "module_tensors",
-           "run_model", "unwrap"]
+__all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "looks_sorted", "module_side",
+           "module_tensors", "natural_key", "run_model", "tied_keys", "unwrap"]
 
 # Module class names to the kind used for layouts and structural matching.
 MODULE_KINDS = {
@@ -55,17 +56,63 @@ class Side:
 
     Attributes:
         tensors: Key to info, in definition (or stored) order.
-        order: Keys in order of use (forward hooks) where known, else definition order.
+        order: Keys in order of use (forward hooks) where known, else definition order. A
+            file whose names are stored sorted (safetensors sorts by dtype, then name) says
+            nothing of its order of definition: its order is recovered from the names
+            (:func:`natural_key`), and ``ordered`` is False.
         format: The checkpoint format of a source read from a file.
+        ties: Key to the first key holding the very same tensor (tied weights), for keys
+            after the first.
+        head_dims: Module path to its attention ``head_dim``, for modules that say it.
+        ordered: Whether ``order`` is a real order of definition or use.
     """
 
     tensors: dict[str, TensorInfo]
     order: list[str] = field(default_factory=list)
     format: str | None = None
+    ties: dict[str, str] = field(default_factory=dict)
+    head_dims: dict[str, int] = field(default_factory=dict)
+    ordered: bool = True
 
     def __post_init__(self) -> None:
         if not self.order:
             self.order = list(self.tensors)
+            if looks_sorted(self.order, self.tensors):
+                self.order = sorted(self.order, key=natural_key)
+                self.ordered = False
+
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key for tensor names: numeric parts as numbers (``h.2`` before ``h.10``).
+
+    Args:
+        name: A tensor name.
+
+    Returns:
+        The key.
+    """
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in _NUMBER.split(name) if part)
+
+
+def looks_sorted(order: Sequence[str], infos: dict[str, TensorInfo]) -> bool:
+    """Whether names are stored sorted (by name, or by dtype then name), not as defined.
+
+    Args:
+        order: Names as stored.
+        infos: Their metadata.
+
+    Returns:
+        True for at least three names in sorted order, which says nothing of definition order.
+    """
+    if len(order) < 3:
+        return False
+    by_name = list(order) == sorted(order)
+    by_dtype = list(order) == sorted(order, key=lambda n: (str(infos[n].dtype), n))
+    return by_name or by_dtype
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -158,6 +205,24 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
     return sorted(names, key=position.__getitem__)
 
 
+def tied_keys(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Map each key holding the very same tensor object as an earlier key to that key.
+
+    Args:
+        tensors: A ``state_dict(keep_vars=True)``.
+
+    Returns:
+        Later key to first key, for tied tensors only.
+    """
+    first: dict[int, str] = {}
+    ties: dict[str, str] = {}
+    for name, tensor in tensors.items():
+        owner = first.setdefault(id(tensor), name)
+        if owner != name:
+            ties[name] = owner
+    return ties
+
+
 def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
     """Describe an unwrapped module as a graft side.
 
@@ -167,9 +232,12 @@ def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
             definition.
 
     Returns:
-        Its tensors with their module kinds, in order of use.
+        Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
     infos = module_tensors(model)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
-    return Side(infos, order)
+    head_dims = {path: module.head_dim for path, module in model.named_modules()
+                 if isinstance(getattr(module, "head_dim", None), int)}
+    return Side(infos, order, ties=tied_keys(model.state_dict(keep_vars=True)),
+                head_dims=head_dims)

@@ -15,6 +15,7 @@ from ..checkpoint import Checkpoint
 from ..checkpoint import open as open_checkpoint
 from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
+from .layouts import mark_file_kinds
 from .sides import Side, TensorInfo, module_side, unwrap
 
 __all__ = ["GraftSource", "SourceLike", "open_source"]
@@ -92,13 +93,23 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
                            module)
     if isinstance(source, Mapping):
         refs = _in_memory(source)
-        infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
-        return GraftSource(Side(infos), refs)
+        return GraftSource(_refs_side(refs), refs)
     raise TorchgraftError(f"cannot graft from a {type(source).__name__}: pass a checkpoint "
                           "path, a state dict, an nn.Module or a tg.open() result")
 
 
+def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
+    """Describe lazy tensors as a side: kinds its names reveal, ties its aliases reveal."""
+    infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
+    first: dict[Any, str] = {}
+    ties = {}
+    for name, ref in refs.items():
+        owner = first.setdefault(ref.alias_key, name)
+        if owner != name:
+            ties[name] = owner
+    return mark_file_kinds(Side(infos, format=fmt, ties=ties))
+
+
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
-    return GraftSource(Side(infos, format=ckpt.format), refs)
+    return GraftSource(_refs_side(refs, ckpt.format), refs)

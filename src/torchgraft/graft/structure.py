@@ -1,24 +1,39 @@
-"""Structural matching: align modules by order of use and shapes, when names share nothing.
+"""Structural matching: align modules by order and shapes, when names share nothing.
 
 Both sides' unmatched tensors are grouped by module, in order of use (a file's stored order
-stands for its order of definition; safetensors files store names sorted, so their order of
-definition is lost). Two modules correspond when they hold the same number of tensors and
-each pair (by leaf name where both sides use the same ones) fits (same shape, or the layout's
-transposed shape; same module kind where both kinds are known). The longest common
-subsequence of corresponding modules is the alignment, and it is taken only when it is the
-only longest one: an ambiguous structure matches nothing.
+stands for its order of definition; a file stored sorted has its order recovered from its names,
+see :class:`~torchgraft.graft.sides.Side`). Bookkeeping buffers (``num_batches_tracked``) never
+count towards a module's size, so Paddle's 4-tensor BatchNorm pairs with PyTorch's 5-tensor one.
+Two modules correspond when each pair of their tensors (by leaf name where both sides use the
+same ones, else in order) fits: same shape, or the layout's transposed shape; same module kind
+where both kinds are known.
+
+Alignment is partial, never all or nothing, and never a guess:
+
+1. The longest common subsequence (LCS) of corresponding modules. Only pairs that every
+   optimal alignment shares are taken; a local conflict voids only its own stretch.
+2. Within each stretch left between those anchors, then among all that is left: a module that
+   fits exactly one module of the other side, which fits only it, pairs (order aside).
+3. A module next to a paired one, under the same parent on both sides, pairs with its
+   counterpart's neighbour when they fit (a BatchNorm follows its convolution).
+
+Whatever is left and could have fitted several modules is reported as ambiguous, by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from .sides import TensorInfo
 
 __all__ = ["Alignment", "align"]
 
 Fits = Callable[[TensorInfo, TensorInfo], bool]
+Bookkeeping = Callable[[str], bool]
 
 
 @dataclass
@@ -27,22 +42,41 @@ class Alignment:
 
     Attributes:
         pairs: Target key to source key.
-        ambiguous: How many equally good alignments there were, when more than one.
+        ambiguous: Target key to why structure could not decide it (several modules fit).
     """
 
     pairs: dict[str, str]
-    ambiguous: int = 0
+    ambiguous: dict[str, str] = field(default_factory=dict)
 
 
-def _groups(order: list[str], infos: dict[str, TensorInfo]) -> list[list[TensorInfo]]:
-    groups: dict[str, list[TensorInfo]] = {}
-    for name in order:
-        groups.setdefault(infos[name].module, []).append(infos[name])
-    return list(groups.values())
+@dataclass
+class _Group:
+    """One module's unmatched tensors, bookkeeping buffers apart."""
+
+    path: str
+    tensors: list[TensorInfo]
+    bookkeeping: list[TensorInfo]
+
+    @property
+    def parent(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    def signature(self) -> Hashable:
+        return tuple((_leaf(t), t.shape, t.kind) for t in self.tensors)
 
 
 def _leaf(info: TensorInfo) -> str:
     return info.name.rpartition(".")[2]
+
+
+def _groups(order: list[str], infos: dict[str, TensorInfo],
+            bookkeeping: Bookkeeping) -> list[_Group]:
+    groups: dict[str, _Group] = {}
+    for name in order:
+        info = infos[name]
+        group = groups.setdefault(info.module, _Group(info.module, [], []))
+        (group.bookkeeping if bookkeeping(name) else group.tensors).append(info)
+    return [g for g in groups.values() if g.tensors]
 
 
 def _paired(targets: list[TensorInfo],
@@ -60,8 +94,125 @@ def _paired(targets: list[TensorInfo],
     return list(zip(targets, sources, strict=True))
 
 
+def _lcs_tables(match: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix and suffix LCS lengths of a match matrix, one numpy pass per row.
+
+    ``fwd[i, j]`` is the LCS of the first ``i`` targets and first ``j`` sources; ``bwd[i, j]``
+    that of targets from ``i`` and sources from ``j``.
+    """
+    n, m = match.shape
+    fwd = np.zeros((n + 1, m + 1), dtype=np.int32)
+    for i in range(n):
+        step = np.maximum(fwd[i, 1:], fwd[i, :-1] + match[i])
+        fwd[i + 1, 1:] = np.maximum.accumulate(step)
+    bwd = np.zeros((n + 1, m + 1), dtype=np.int32)
+    for i in range(n - 1, -1, -1):
+        step = np.maximum(bwd[i + 1, :-1], bwd[i + 1, 1:] + match[i])
+        bwd[i, :-1] = np.maximum.accumulate(step[::-1])[::-1]
+    return fwd, bwd
+
+
+class _Aligner:
+    """Pairs target groups with source groups (indices), step by step."""
+
+    def __init__(self, a: list[_Group], b: list[_Group], fits: Fits) -> None:
+        self.a, self.b = a, b
+        self.fits = fits
+        sig_a = [g.signature() for g in a]
+        sig_b = [g.signature() for g in b]
+        ids_a = {s: k for k, s in enumerate(dict.fromkeys(sig_a))}
+        ids_b = {s: k for k, s in enumerate(dict.fromkeys(sig_b))}
+        rep_a = {ids_a[s]: g for s, g in zip(sig_a, a, strict=True)}
+        rep_b = {ids_b[s]: g for s, g in zip(sig_b, b, strict=True)}
+        table = np.zeros((len(ids_a), len(ids_b)), dtype=bool)
+        for ka, ga in rep_a.items():
+            for kb, gb in rep_b.items():
+                pairs = _paired(ga.tensors, gb.tensors)
+                table[ka, kb] = pairs is not None and all(fits(s, t) for t, s in pairs)
+        self.match = table[np.ix_([ids_a[s] for s in sig_a], [ids_b[s] for s in sig_b])]
+        self.pairs: dict[int, int] = {}
+
+    def _take(self, i: int, j: int) -> None:
+        self.pairs[i] = j
+
+    def _free(self) -> tuple[list[int], list[int]]:
+        used = set(self.pairs.values())
+        return ([i for i in range(len(self.a)) if i not in self.pairs],
+                [j for j in range(len(self.b)) if j not in used])
+
+    def _unique(self, rows: list[int], cols: list[int]) -> list[tuple[int, int]]:
+        """Pairs that fit each other and nothing else among ``rows`` x ``cols``."""
+        if not rows or not cols:
+            return []
+        sub = self.match[np.ix_(rows, cols)]
+        found = []
+        for r, c in zip(*np.nonzero(sub), strict=True):
+            if sub[r].sum() == 1 and sub[:, c].sum() == 1:
+                found.append((rows[r], cols[c]))
+        return found
+
+    def solve(self, rows: list[int], cols: list[int]) -> None:
+        """Align a stretch: certain LCS pairs, then unique fits, then the stretches between."""
+        if not rows or not cols:
+            return
+        match = self.match[np.ix_(rows, cols)]
+        if not match.any():
+            return
+        fwd, bwd = _lcs_tables(match)
+        best = int(fwd[-1, -1])
+        usable = match & (fwd[:-1, :-1] + 1 + bwd[1:, 1:] == best)
+        ii, jj = np.nonzero(usable)
+        ranks = fwd[ii, jj]
+        counts = np.bincount(ranks, minlength=best)
+        certain = [(rows[i], cols[j]) for i, j, r in zip(ii, jj, ranks, strict=True)
+                   if counts[r] == 1]
+        if not certain:
+            unique = self._unique(rows, cols)
+            for i, j in unique:
+                self._take(i, j)
+            if unique:
+                taken = {i for i, _ in unique}, {j for _, j in unique}
+                self.solve([r for r in rows if r not in taken[0]],
+                           [c for c in cols if c not in taken[1]])
+            return
+        for i, j in certain:
+            self._take(i, j)
+        bounds = [(-1, -1), *sorted(certain), (len(self.a), len(self.b))]
+        for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
+            self.solve([r for r in rows if i0 < r < i1], [c for c in cols if j0 < c < j1])
+
+    def _neighbours(self) -> bool:
+        """Pair the unpaired neighbours of paired modules, under the same parents."""
+        used = set(self.pairs.values())
+        found = False
+        for i, j in list(self.pairs.items()):
+            for step in (1, -1):
+                ni, nj = i + step, j + step
+                if not (0 <= ni < len(self.a) and 0 <= nj < len(self.b)):
+                    continue
+                if ni in self.pairs or nj in used or not self.match[ni, nj]:
+                    continue
+                if self.a[ni].parent != self.a[i].parent or self.b[nj].parent != self.b[j].parent:
+                    continue
+                self._take(ni, nj)
+                used.add(nj)
+                found = True
+        return found
+
+    def run(self) -> None:
+        """All steps, until nothing more pairs."""
+        self.solve(list(range(len(self.a))), list(range(len(self.b))))
+        while True:
+            unique = self._unique(*self._free())
+            for i, j in unique:
+                self._take(i, j)
+            if not self._neighbours() and not unique:
+                return
+
+
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
-          source_infos: dict[str, TensorInfo], fits: Fits) -> Alignment:
+          source_infos: dict[str, TensorInfo], fits: Fits,
+          bookkeeping: Bookkeeping = lambda name: False) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -70,52 +221,34 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         target_infos: Target metadata.
         source_infos: Source metadata.
         fits: Whether a source tensor can fill a target tensor (shapes, layouts, kinds).
+        bookkeeping: Whether a key is a bookkeeping buffer, left out of a module's size.
 
     Returns:
-        The alignment; empty when there is none or it is ambiguous.
+        The pairs that are certain, and why the others that could fit stayed unpaired.
     """
-    a = _groups(targets, target_infos)
-    b = _groups(sources, source_infos)
-    n, m = len(a), len(b)
-    if not n or not m:
+    a = _groups(targets, target_infos, bookkeeping)
+    b = _groups(sources, source_infos, bookkeeping)
+    if not a or not b:
         return Alignment({})
-
-    def same(i: int, j: int) -> bool:
-        pairs = _paired(a[i], b[j])
-        return pairs is not None and all(fits(s, t) for t, s in pairs)
-
-    match = [[same(i, j) for j in range(m)] for i in range(n)]
-    length = [[0] * (m + 1) for _ in range(n + 1)]
-    count = [[1] * (m + 1) for _ in range(n + 1)]
-    for i in range(1, n + 1):
-        for j in range(1, m + 1):
-            best = max(length[i - 1][j], length[i][j - 1])
-            if match[i - 1][j - 1]:
-                best = max(best, length[i - 1][j - 1] + 1)
-            length[i][j] = best
-            total = 0
-            if match[i - 1][j - 1] and length[i - 1][j - 1] + 1 == best:
-                total += count[i - 1][j - 1]
-            if length[i - 1][j] == best:
-                total += count[i - 1][j]
-            if length[i][j - 1] == best:
-                total += count[i][j - 1]
-            if length[i - 1][j - 1] == best:
-                total -= count[i - 1][j - 1]
-            count[i][j] = total
-    if length[n][m] == 0:
-        return Alignment({})
-    if count[n][m] != 1:
-        return Alignment({}, ambiguous=count[n][m])
+    aligner = _Aligner(a, b, fits)
+    aligner.run()
     pairs: dict[str, str] = {}
-    i, j = n, m
-    while i and j:
-        if match[i - 1][j - 1] and length[i][j] == length[i - 1][j - 1] + 1:
-            for t, s in _paired(a[i - 1], b[j - 1]) or ():
-                pairs[t.name] = s.name
-            i, j = i - 1, j - 1
-        elif length[i - 1][j] == length[i][j]:
-            i -= 1
-        else:
-            j -= 1
-    return Alignment(pairs)
+    for i, j in aligner.pairs.items():
+        for t, s in _paired(a[i].tensors, b[j].tensors) or ():
+            pairs[t.name] = s.name
+        extra = {_leaf(s): s for s in b[j].bookkeeping}
+        for t in a[i].bookkeeping:
+            if _leaf(t) in extra:
+                pairs[t.name] = extra[_leaf(t)].name
+    free_a, free_b = aligner._free()
+    ambiguous: dict[str, str] = {}
+    for i in free_a:
+        candidates = [b[j].path for j in free_b if aligner.match[i, j]]
+        if candidates:
+            shown = ", ".join(f"'{c}'" for c in candidates[:3])
+            more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
+            why = (f"structure is ambiguous: checkpoint modules {shown}{more} fit it, and "
+                   "other modules of the model as well; add a rule that names its source")
+            for t in a[i].tensors:
+                ambiguous[t.name] = why
+    return Alignment(pairs, ambiguous)

@@ -1,0 +1,86 @@
+"""Real storage for targets built on the meta device, like ``load_state_dict(assign=True)``.
+
+A model built under ``with torch.device("meta")`` has shapes but no memory; copying into a
+meta tensor does nothing. Each tensor a graft fills gets new storage on the chosen device,
+installed in every module that holds it (ties stay tied), as an ``nn.Parameter`` with its
+``requires_grad`` where it was one. The graft then reads the checkpoint straight into it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["META_DEFAULTS", "default_device", "has_meta", "materialise", "still_on_meta"]
+
+#: Bookkeeping buffers a checkpoint may lack, with the value a fresh module gives them.
+META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
+
+
+def has_meta(model: nn.Module) -> bool:
+    """Whether any parameter or buffer of ``model`` is on the meta device."""
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def default_device(model: nn.Module) -> torch.device:
+    """Where the model's real tensors are (the first one's device), else the CPU."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def _holders(model: nn.Module) -> dict[int, list[tuple[dict[str, Any], str]]]:
+    """For each parameter or buffer object, every (module dict, name) that holds it."""
+    holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    for module in model.modules():
+        stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
+        for store in stores:
+            for name, tensor in store.items():
+                if tensor is not None:
+                    holders.setdefault(id(tensor), []).append((store, name))
+    return holders
+
+
+def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
+                zeroed: Iterable[str] = ()) -> None:
+    """Give real storage to the meta tensors among ``keys`` (state-dict names).
+
+    Args:
+        model: The unwrapped target.
+        keys: The state-dict keys a graft fills; those on meta get uninitialised storage.
+        device: Where the new storage goes.
+        zeroed: Keys whose new storage starts as zeros (adapted or defaulted tensors).
+    """
+    state = model.state_dict(keep_vars=True)
+    holders = _holders(model)
+    zero = set(zeroed)
+    done: set[int] = set()
+    for key in [*keys, *zero]:
+        old = state.get(key)
+        if old is None or not old.is_meta or id(old) in done:
+            continue
+        done.add(id(old))
+        make = torch.zeros if key in zero else torch.empty
+        new = make(old.shape, dtype=old.dtype, device=device)
+        if isinstance(old, nn.Parameter):
+            new = nn.Parameter(new, requires_grad=old.requires_grad)
+        for store, name in holders.get(id(old), ()):
+            store[name] = new
+
+
+def still_on_meta(model: nn.Module) -> list[str]:
+    """Names of parameters and buffers still on meta, persistent or not (ties once).
+
+    Args:
+        model: The unwrapped target.
+
+    Returns:
+        Their names.
+    """
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return [name for name, tensor in named if tensor.is_meta]
