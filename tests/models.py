@@ -119,3 +119,84 @@ def pretrained_resnet18(num_classes: int = 1000, seed: int = 0) -> ResNet18:
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
     return model
+
+
+class MetaAttention(nn.Module):
+    """Meta's reference Llama attention: wq, wk, wv, wo; rotary on interleaved pairs."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
+        q, k = _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin)
+        rep = self.n_heads // self.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Meta's rotary embedding: (x[2i], x[2i+1]) rotated as one complex number."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    real, imag = pairs[..., 0], pairs[..., 1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.stack([real * c - imag * s, real * s + imag * c], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class MetaFeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MetaBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.attention = MetaAttention(dim, n_heads, n_kv_heads)
+        self.feed_forward = MetaFeedForward(dim, hidden)
+        self.attention_norm = nn.RMSNorm(dim, eps=eps)
+        self.ffn_norm = nn.RMSNorm(dim, eps=eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class MetaLlama(nn.Module):
+    """Meta's reference Llama layout (llama/model.py): tok_embeddings, layers, norm, output."""
+
+    def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
+                 hidden: int, eps: float = 1e-6, theta: float = 10000.0) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([MetaBlock(dim, n_heads, n_kv_heads, hidden, eps)
+                                     for _ in range(n_layers)])
+        self.norm = nn.RMSNorm(dim, eps=eps)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        self.head_dim, self.theta = dim // n_heads, theta
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        freqs = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        angles = torch.outer(torch.arange(t).float(), freqs)
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, angles.cos(), angles.sin())
+        return self.output(self.norm(h)).float()

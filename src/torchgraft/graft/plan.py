@@ -31,7 +31,8 @@ from .rules import Rule, rename
 from .sides import Side, TensorInfo
 from .structure import align
 
-__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "build_plan", "is_bookkeeping"]
+__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "build_plan",
+           "is_bookkeeping"]
 
 Match = Literal["auto", "name", "structure"]
 
@@ -312,7 +313,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         back = {renamed[s]: s for s in left_s}
         src_infos = {renamed[s]: _renamed_info(src.tensors[s], renamed[s]) for s in left_s}
         alignment = align(left_t, list(back), dst.tensors, src_infos, _fits(layouts),
-                          is_bookkeeping)
+                          is_bookkeeping, source_ordered=src.ordered)
         ambiguous = alignment.ambiguous
         take({t: back[s] for t, s in alignment.pairs.items()}, "structure")
         structural = any(how[t] == "structure" for t in pairs)

@@ -110,9 +110,14 @@ def looks_sorted(order: Sequence[str], infos: dict[str, TensorInfo]) -> bool:
     """
     if len(order) < 3:
         return False
-    by_name = list(order) == sorted(order)
-    by_dtype = list(order) == sorted(order, key=lambda n: (str(infos[n].dtype), n))
-    return by_name or by_dtype
+    if list(order) == sorted(order):
+        return True
+    runs = [infos[n].dtype for k, n in enumerate(order) if not k or infos[order[k - 1]].dtype
+            != infos[n].dtype]
+    if len(runs) != len(set(runs)):
+        return False  # one dtype in several places: not grouped by dtype
+    return all(list(names) == sorted(names) for names in (
+        [n for n in order if infos[n].dtype == dtype] for dtype in runs))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

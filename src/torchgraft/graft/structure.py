@@ -17,12 +17,20 @@ Alignment is partial, never all or nothing, and never a guess:
 3. A module next to a paired one, under the same parent on both sides, pairs with its
    counterpart's neighbour when they fit (a BatchNorm follows its convolution).
 
+A source whose order was recovered from sorted names knows the order of numbered blocks
+(``layer.2`` before ``layer.10``) and of numbered siblings (``conv1`` before ``conv2``), but
+not of other siblings (``attention.output`` sorts before ``attention.self``). For it, step 1
+pairs modules of one shape class in order (the k-th of the model's with the k-th of the
+checkpoint's) when both sides have as many and no block holds two of them that only their
+names order; neighbours are not used.
+
 Whatever is left and could have fitted several modules is reported as ambiguous, by name.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -112,12 +120,34 @@ def _lcs_tables(match: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def _block_and_stem(path: str) -> tuple[str, str]:
+    """A module path's numbered block (``layer.3``) and its stem below it, digits removed."""
+    parts = path.split(".")
+    last = max((k for k, p in enumerate(parts) if p.isdigit()), default=-1)
+    return ".".join(parts[: last + 1]), _DIGITS.sub("#", ".".join(parts[last + 1:]))
+
+
+def _in_order(groups: list[_Group]) -> bool:
+    """Whether sorted names order these groups: in each block, they differ only by numbers."""
+    stems: dict[str, str] = {}
+    for group in groups:
+        block, stem = _block_and_stem(group.path)
+        if stems.setdefault(block, stem) != stem:
+            return False
+    return True
+
+
 class _Aligner:
     """Pairs target groups with source groups (indices), step by step."""
 
-    def __init__(self, a: list[_Group], b: list[_Group], fits: Fits) -> None:
+    def __init__(self, a: list[_Group], b: list[_Group], fits: Fits, *,
+                 source_ordered: bool) -> None:
         self.a, self.b = a, b
         self.fits = fits
+        self.source_ordered = source_ordered
         sig_a = [g.signature() for g in a]
         sig_b = [g.signature() for g in b]
         ids_a = {s: k for k, s in enumerate(dict.fromkeys(sig_a))}
@@ -150,6 +180,21 @@ class _Aligner:
             if sub[r].sum() == 1 and sub[:, c].sum() == 1:
                 found.append((rows[r], cols[c]))
         return found
+
+    def _by_class(self) -> None:
+        """For a sorted source: pair each shape class in order, where its order is known."""
+        classes_a: dict[tuple[bool, ...], list[int]] = {}
+        for i in range(len(self.a)):
+            classes_a.setdefault(tuple(self.match[i]), []).append(i)
+        for fits_row, rows in classes_a.items():
+            cols = [j for j, fit in enumerate(fits_row) if fit]
+            if not cols or len(cols) != len(rows):
+                continue
+            if any(tuple(self.match[:, j]) != tuple(self.match[:, cols[0]]) for j in cols):
+                continue  # a source module of the class fits other target modules too
+            if _in_order([self.b[j] for j in cols]):
+                for i, j in zip(rows, cols, strict=True):
+                    self._take(i, j)
 
     def solve(self, rows: list[int], cols: list[int]) -> None:
         """Align a stretch: certain LCS pairs, then unique fits, then the stretches between."""
@@ -201,18 +246,23 @@ class _Aligner:
 
     def run(self) -> None:
         """All steps, until nothing more pairs."""
-        self.solve(list(range(len(self.a))), list(range(len(self.b))))
+        if self.source_ordered:
+            self.solve(list(range(len(self.a))), list(range(len(self.b))))
+        else:
+            self._by_class()
         while True:
             unique = self._unique(*self._free())
             for i, j in unique:
                 self._take(i, j)
-            if not self._neighbours() and not unique:
+            found = self._neighbours() if self.source_ordered else False
+            if not found and not unique:
                 return
 
 
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
           source_infos: dict[str, TensorInfo], fits: Fits,
-          bookkeeping: Bookkeeping = lambda name: False) -> Alignment:
+          bookkeeping: Bookkeeping = lambda name: False, *,
+          source_ordered: bool = True) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -222,6 +272,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         source_infos: Source metadata.
         fits: Whether a source tensor can fill a target tensor (shapes, layouts, kinds).
         bookkeeping: Whether a key is a bookkeeping buffer, left out of a module's size.
+        source_ordered: False when the source's order was recovered from sorted names.
 
     Returns:
         The pairs that are certain, and why the others that could fit stayed unpaired.
@@ -230,7 +281,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     b = _groups(sources, source_infos, bookkeeping)
     if not a or not b:
         return Alignment({})
-    aligner = _Aligner(a, b, fits)
+    aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
     aligner.run()
     pairs: dict[str, str] = {}
     for i, j in aligner.pairs.items():
