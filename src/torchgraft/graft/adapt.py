@@ -12,8 +12,8 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Init", "InputChannels", "LabelMap", "Op", "RotaryPermute", "Rows", "Transpose",
-           "fresh_values", "label_pairs"]
+__all__ = ["Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute", "Rows",
+           "Transpose", "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -153,7 +153,22 @@ class RotaryPermute:
         return f"rotary rows permuted ({way} layout, head_dim {self.head_dim})"
 
 
-Op = Transpose | InputChannels | Rows | RotaryPermute
+@dataclass(frozen=True)
+class Derived:
+    """The source tensor is virtual: made by fusing or splitting stored ones."""
+
+    why: str
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The tensor as it is: the virtual source already fused or split it."""
+        return tensor
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return self.why
+
+
+Op = Derived | Transpose | InputChannels | Rows | RotaryPermute
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

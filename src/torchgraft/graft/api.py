@@ -12,6 +12,7 @@ from torch import nn
 from ..errors import TorchgraftError
 from .adapt import Init, LabelMap
 from .execute import execute_plan
+from .fusion import add_virtual
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, Plan, build_plan
@@ -105,10 +106,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key)
     try:
+        source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
         try:
-            plan = build_plan(opened.side, target_side, rules=parse_rules(rules),
-                              layouts=layouts_for(opened.side, target_side), match=match,
-                              adapt=adapt, init=init, label_map=label_map)
+            plan = build_plan(source_side, target_side, rules=parse_rules(rules),
+                              layouts=layouts_for(source_side, target_side), match=match,
+                              adapt=adapt, init=init, label_map=label_map,
+                              derived={v.name: v.why for v in virtual})
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
         plan.warnings[:0] = warnings
@@ -147,7 +150,7 @@ def _meta_inputs(inputs: Any) -> Any:
 
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
-    layout_only = all(text.startswith(("transposed", "rotary")) for text in
+    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split")) for text in
                       report.adapted.values())
     return layout_only and report.ok and not report.reinitialised
 

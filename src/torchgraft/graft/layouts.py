@@ -15,7 +15,7 @@ from .rules import Rule
 from .sides import Side, TensorInfo
 
 __all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "Layout",
-           "RotaryRows", "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
+           "RotaryRows", "VIT_HF_TO_TIMM", "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,9 @@ def mark_file_kinds(side: Side) -> Side:
 _FAMILIES = {
     "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
     "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq\.weight$"),
+    "transformers-vit": re.compile(
+        r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
+    "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
 }
 _LLAMA_NAMES = (  # transformers' names, Meta's names (torchtune's _FROM_META, reversed)
     (r"^(model\.)?embed_tokens\.", "tok_embeddings."),
@@ -189,7 +192,29 @@ LLAMA_META_TO_HF = Layout(
     rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
 )
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF)
+_VIT_BLOCK = r"^vit\.(?:encoder\.layer|layers)\.(\d+)\."
+_VIT_NAMES = (  # transformers' names (files keep the 4.x ones, v5 modules rename), timm's
+    (r"^vit\.embeddings\.cls_token$", "cls_token"),
+    (r"^vit\.embeddings\.position_embeddings$", "pos_embed"),
+    (r"^vit\.embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+    (_VIT_BLOCK + r"layernorm_before\.", r"blocks.\1.norm1."),
+    (_VIT_BLOCK + r"layernorm_after\.", r"blocks.\1.norm2."),
+    (_VIT_BLOCK + r"attention\.(?:attention\.\{query,key,value\}|"
+                  r"\{q_proj,k_proj,v_proj\})\.", r"blocks.\1.attn.qkv."),
+    (_VIT_BLOCK + r"attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
+    (_VIT_BLOCK + r"(?:intermediate\.dense|mlp\.fc1)\.", r"blocks.\1.mlp.fc1."),
+    (_VIT_BLOCK + r"(?:output\.dense|mlp\.fc2)\.", r"blocks.\1.mlp.fc2."),
+    (r"^vit\.layernorm\.", "norm."),
+    (r"^classifier\.", "head."),
+)
+
+VIT_HF_TO_TIMM = Layout(
+    name="transformers-vit->timm-vit",
+    applies=_between("transformers-vit", "timm-vit"),
+    renames=tuple(Rule(p, r) for p, r in _VIT_NAMES),
+)
+
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:

@@ -20,12 +20,22 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ..wrappers import detect_wrappers
-from .adapt import Init, InputChannels, LabelMap, Op, RotaryPermute, Rows, Transpose, label_pairs
+from .adapt import (
+    Derived,
+    Init,
+    InputChannels,
+    LabelMap,
+    Op,
+    RotaryPermute,
+    Rows,
+    Transpose,
+    label_pairs,
+)
 from .layouts import Layout, rotary_warning
 from .rules import Rule, rename
 from .sides import Side, TensorInfo
@@ -211,10 +221,11 @@ def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...], *, init: In
 
 def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo,
             layouts: Sequence[Layout], plan: Plan, dst_side: Side, *, adapt: bool, init: Init,
-            label_map: LabelMap | None) -> None:
+            label_map: LabelMap | None, derived: Mapping[str, str]) -> None:
     transpose = _transpose(src, dst, layouts)
     shape = src.shape[::-1] if transpose else src.shape
-    ops: list[Op] = [transpose] if transpose else []
+    ops: list[Op] = [Derived(derived[source])] if source in derived else []
+    ops += [transpose] if transpose else []
     rotary = _rotary(target, dst_side, layouts)
     if isinstance(rotary, str):
         plan.missing[target] = rotary
@@ -252,7 +263,8 @@ def _renamed_info(info: TensorInfo, name: str) -> TensorInfo:
 
 def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
-               init: Init = "keep", label_map: LabelMap | None = None) -> Plan:
+               init: Init = "keep", label_map: LabelMap | None = None,
+               derived: Mapping[str, str] | None = None) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
     Args:
@@ -264,10 +276,12 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         adapt: Allow adaptations (rows, input channels) when shapes differ.
         init: How new rows are filled: ``"keep"``, ``"normal"`` or ``"zeros"``.
         label_map: Which source rows fill which target rows in row adaptations.
+        derived: Virtual source keys (fused or split tensors) to how they were made.
 
     Returns:
         The plan.
     """
+    derived = derived or {}
     plan = Plan(init=init)
     renamed: dict[str, str] = {}
     how_renamed: dict[str, str] = {}
@@ -341,7 +355,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         elif target in pairs:
             source = pairs[target]
             _decide(target, source, how[target], src.tensors[source], dst.tensors[target],
-                    layouts, plan, dst, adapt=adapt, init=init, label_map=label_map)
+                    layouts, plan, dst, adapt=adapt, init=init, label_map=label_map,
+                    derived=derived)
         elif target in ambiguous:
             plan.missing[target] = ambiguous[target]
         elif is_bookkeeping(target):

@@ -1,0 +1,169 @@
+"""Fused and split tensors: q, k, v <-> qkv and gate, up <-> gate_up, both ways.
+
+When the model holds a fused projection (timm's ``attn.qkv``, nanoGPT's ``c_attn``, Phi-3's
+``gate_up_proj``) and the checkpoint holds its parts (``query``, ``key``, ``value``), or the
+other way round, the source gets virtual tensors: lazy concatenations of the parts, or lazy
+equal slices of the fused tensor. Planning then treats them as any other source tensor (by
+name or by structure), and the report says where they came from. Which names are parts of
+which fused projection is data (:data:`FUSIONS`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..meta import TensorMeta, TensorRef
+from .sides import Side, TensorInfo
+
+__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual"]
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """One fused projection and its parts, by module name.
+
+    Attributes:
+        fused: Module names of the fused projection.
+        parts: For each part, in order of rows, its module names.
+    """
+
+    fused: frozenset[str]
+    parts: tuple[frozenset[str], ...]
+
+
+FUSIONS = (
+    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "query_key_value"}),
+           (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
+            frozenset({"v", "value", "v_proj", "wv"}))),
+    Fusion(frozenset({"gate_up_proj", "gate_up", "w13"}),
+           (frozenset({"gate_proj", "gate", "w1"}), frozenset({"up_proj", "up", "w3"}))),
+)
+
+
+@dataclass(frozen=True)
+class Virtual:
+    """A source tensor made from others.
+
+    Attributes:
+        name: Its key, e.g. ``attention.{query,key,value}.weight``.
+        parts: The source keys it is made from.
+        why: For the report, e.g. ``fused from query, key, value``.
+    """
+
+    name: str
+    parts: tuple[str, ...]
+    why: str
+
+
+def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
+    """Module path to its tensors by leaf name."""
+    modules: dict[str, dict[str, TensorInfo]] = {}
+    for name, info in side.tensors.items():
+        modules.setdefault(info.module, {})[name.rpartition(".")[2]] = info
+    return modules
+
+
+def _leaf_module(path: str) -> str:
+    return path.rpartition(".")[2]
+
+
+def _has(side: Side, names: frozenset[str]) -> bool:
+    return any(_leaf_module(path) in names for path in _modules(side))
+
+
+def _cat(refs: Sequence[TensorRef]) -> torch.Tensor:
+    return torch.cat([ref.read() for ref in refs], dim=0)
+
+
+def _slice(ref: TensorRef, index: int, count: int) -> torch.Tensor:
+    return ref.read().chunk(count, dim=0)[index].contiguous()
+
+
+def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual]:
+    found = []
+    modules = _modules(src)
+    by_parent: dict[str, dict[int, str]] = {}
+    for path in modules:
+        parent, _, leaf = path.rpartition(".")
+        for k, names in enumerate(fusion.parts):
+            if leaf in names:
+                by_parent.setdefault(parent, {})[k] = path
+    for parent, paths in by_parent.items():
+        if len(paths) != len(fusion.parts):
+            continue
+        ordered = [paths[k] for k in range(len(fusion.parts))]
+        leaves = set(modules[ordered[0]])
+        if any(set(modules[p]) != leaves for p in ordered):
+            continue
+        infos = {leaf: [modules[p][leaf] for p in ordered] for leaf in leaves}
+        if any(len({(i.shape[1:], i.dtype) for i in group}) != 1 for group in infos.values()):
+            continue
+        label = ",".join(_leaf_module(p) for p in ordered)
+        for leaf, group in infos.items():
+            name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
+            shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
+            meta = TensorMeta.of(shape, group[0].dtype)
+            refs[name] = TensorRef(meta, functools.partial(_cat, [refs[i.name] for i in group]))
+            found.append(Virtual(name, tuple(i.name for i in group),
+                                 "fused from " + ", ".join(i.name for i in group)))
+    return found
+
+
+def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual]:
+    found = []
+    count = len(fusion.parts)
+    for path, tensors in _modules(src).items():
+        if _leaf_module(path) not in fusion.fused:
+            continue
+        if any(i.kind not in (None, "linear") or not i.shape or i.shape[0] % count
+               for i in tensors.values()):
+            continue
+        for leaf, info in tensors.items():
+            for k, names in enumerate(fusion.parts):
+                name = f"{path}[{sorted(names)[0]}].{leaf}"
+                rows = info.shape[0] // count
+                meta = TensorMeta.of((rows, *info.shape[1:]), info.dtype)
+                refs[name] = TensorRef(meta, functools.partial(_slice, refs[info.name], k, count))
+                found.append(Virtual(name, (info.name,),
+                                     f"split from {info.name} (rows {k * rows}:{(k + 1) * rows})"))
+    return found
+
+
+def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side, list[Virtual]]:
+    """Give the source virtual fused or split tensors where the model needs them.
+
+    Args:
+        src: The source side.
+        refs: The source's lazy tensors; virtual ones are added to it.
+        dst: The target side.
+
+    Returns:
+        The source side with each virtual tensor in place of its parts, and the virtual tensors.
+    """
+    virtual: list[Virtual] = []
+    for fusion in FUSIONS:
+        names = fusion.fused
+        parts = frozenset().union(*fusion.parts)
+        if _has(dst, names) and not _has(src, names):
+            virtual += _fuse(src, refs, fusion)
+        elif _has(src, names) and not _has(dst, names) and _has(dst, parts):
+            virtual += _split(src, refs, fusion)
+    if not virtual:
+        return src, []
+    replaced = {part for v in virtual for part in v.parts}
+    first = {v.parts[0]: [w for w in virtual if w.parts[0] == v.parts[0]] for v in virtual}
+    order: list[str] = []
+    for name in src.order:
+        order += [v.name for v in first.get(name, ())]
+        if name not in replaced:
+            order.append(name)
+    tensors = {name: src.tensors[name] for name in src.tensors if name not in replaced}
+    for v in virtual:
+        meta = refs[v.name].meta
+        tensors[v.name] = TensorInfo(v.name, meta.shape, meta.dtype, src.tensors[v.parts[0]].kind)
+    side = Side(tensors, order, format=src.format, head_dims=src.head_dims, ordered=src.ordered)
+    return side, virtual
