@@ -257,3 +257,45 @@ class TimmViT(nn.Module):
         x = self.patch_embed.proj(x).flatten(2).transpose(1, 2)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
         return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+class RenamedBertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.attn_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+        self.ff_norm = nn.LayerNorm(dim, eps=1e-12)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z(x).view(b, t, self.heads, -1).transpose(1, 2) for z in (self.q, self.k,
+                                                                               self.v))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+        x = self.attn_norm(x + self.o(y))
+        return self.ff_norm(x + self.down(F.gelu(self.up(x))))
+
+
+class RenamedBert(nn.Module):
+    """BERT written by another code base: the same computation, none of the same names."""
+
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int,
+                 positions: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(positions, dim)
+        self.segments = nn.Embedding(2, dim)
+        self.embed_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.blocks = nn.ModuleList([RenamedBertLayer(dim, heads, hidden)
+                                     for _ in range(layers)])
+        self.pool = nn.Linear(dim, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1])
+        x = self.embed_norm(self.tokens(ids) + self.positions(pos)
+                            + self.segments(torch.zeros_like(ids)))
+        for block in self.blocks:
+            x = block(x)
+        return x

@@ -34,7 +34,8 @@ def test_demo_json(run: Run, tmp_path: Path) -> None:
     assert len(grafts) == 4 and all(step["passed"] for step in grafts.values())
     assert all(step["report"]["ok"] for step in grafts.values())
     variant = grafts["pretrained LeNet -> a 4-channel, 21-class variant"]["report"]
-    assert variant["adapted"]["fc3.weight"] == "rows 10->21: 10 kept chosen by label_map, 11 new (init=keep)"
+    assert variant["adapted"]["fc3.weight"] == \
+        "rows 10->21: 10 kept chosen by label_map, 11 new (init=keep)"
     renamed = grafts["LeNet rewritten as nn.Sequential: no name in common"]["report"]
     assert set(renamed["matched_by"].values()) == {"structure"}
 

@@ -61,7 +61,8 @@ def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
 
     kept = ResNet18(num_classes=21, in_chans=4).eval()
     report = tg.graft(path, kept, label_map=list(range(21)))
-    assert report.clean and report.adapted["fc.weight"] == "rows 1000->21: 21 kept chosen by label_map"
+    assert report.clean
+    assert report.adapted["fc.weight"] == "rows 1000->21: 21 kept chosen by label_map"
     rgb = torch.randn(2, 3, 64, 64)
     rgbd = torch.cat([rgb, torch.zeros(2, 1, 64, 64)], dim=1)
     with torch.no_grad():

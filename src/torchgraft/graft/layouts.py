@@ -15,7 +15,8 @@ from .rules import Rule
 from .sides import Side, TensorInfo
 
 __all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "Layout",
-           "RotaryRows", "VIT_HF_TO_TIMM", "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
+           "RotaryRows", "VIT_HF_TO_TIMM", "family_of", "layouts_for", "mark_file_kinds",
+           "rotary_warning"]
 
 
 @dataclass(frozen=True)
