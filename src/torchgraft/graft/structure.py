@@ -15,7 +15,8 @@ Alignment is partial, never all or nothing, and never a guess:
 2. Within each stretch left between those anchors, then among all that is left: a module that
    fits exactly one module of the other side, which fits only it, pairs (order aside).
 3. A module next to a paired one, under the same parent on both sides, pairs with its
-   counterpart's neighbour when they fit (a BatchNorm follows its convolution).
+   counterpart's neighbour when they fit and nothing else under those parents does (a
+   BatchNorm follows its convolution).
 
 A source whose order was recovered from sorted names knows the order of numbered blocks
 (``layer.2`` before ``layer.10``) and of numbered siblings (``conv1`` before ``conv2``), but
@@ -175,11 +176,8 @@ class _Aligner:
         if not rows or not cols:
             return []
         sub = self.match[np.ix_(rows, cols)]
-        found = []
-        for r, c in zip(*np.nonzero(sub), strict=True):
-            if sub[r].sum() == 1 and sub[:, c].sum() == 1:
-                found.append((rows[r], cols[c]))
-        return found
+        alone = (sub.sum(axis=1) == 1)[:, None] & (sub.sum(axis=0) == 1)[None, :] & sub
+        return [(rows[r], cols[c]) for r, c in zip(*np.nonzero(alone), strict=True)]
 
     def _by_class(self) -> None:
         """For a sorted source: pair each shape class in order, where its order is known."""
@@ -227,7 +225,11 @@ class _Aligner:
             self.solve([r for r in rows if i0 < r < i1], [c for c in cols if j0 < c < j1])
 
     def _neighbours(self) -> bool:
-        """Pair the unpaired neighbours of paired modules, under the same parents."""
+        """Pair the unpaired neighbours of paired modules, under the same parents.
+
+        Only where nothing else is left to choose: no other unpaired module under the source
+        parent fits the target neighbour, and none under the target parent fits the source one.
+        """
         used = set(self.pairs.values())
         found = False
         for i, j in list(self.pairs.items()):
@@ -237,7 +239,14 @@ class _Aligner:
                     continue
                 if ni in self.pairs or nj in used or not self.match[ni, nj]:
                     continue
-                if self.a[ni].parent != self.a[i].parent or self.b[nj].parent != self.b[j].parent:
+                parent_a, parent_b = self.a[i].parent, self.b[j].parent
+                if self.a[ni].parent != parent_a or self.b[nj].parent != parent_b:
+                    continue
+                rivals_b = [k for k, g in enumerate(self.b) if g.parent == parent_b
+                            and k not in used and self.match[ni, k]]
+                rivals_a = [k for k, g in enumerate(self.a) if g.parent == parent_a
+                            and k not in self.pairs and self.match[k, nj]]
+                if rivals_b != [nj] or rivals_a != [ni]:
                     continue
                 self._take(ni, nj)
                 used.add(nj)
@@ -293,8 +302,10 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
                 pairs[t.name] = extra[_leaf(t)].name
     free_a, free_b = aligner._free()
     ambiguous: dict[str, str] = {}
-    for i in free_a:
-        candidates = [b[j].path for j in free_b if aligner.match[i, j]]
+    free_match = aligner.match[np.ix_(free_a, free_b)] if free_a and free_b else None
+    for row, i in enumerate(free_a):
+        hits = np.nonzero(free_match[row])[0] if free_match is not None else ()
+        candidates = [b[free_b[k]].path for k in hits]
         if candidates:
             shown = ", ".join(f"'{c}'" for c in candidates[:3])
             more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
