@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
 from tests.models import MetaLlama  # noqa: E402
+
 from torchgraft.graft import Side, build_plan  # noqa: E402
 from torchgraft.graft.layouts import layouts_for  # noqa: E402
 from torchgraft.graft.sides import module_side  # noqa: E402
