@@ -263,3 +263,12 @@ def test_planning_a_70b_layout_from_metadata() -> None:
     by_structure = build_plan(src, dst, match="structure")  # a sorted file, names ignored
     assert {s.source.split(".")[-2] for s in by_structure.steps} == {"down_proj"}
     assert "structure is ambiguous" in by_structure.missing["layers.3.attention.wq.weight"]
+
+
+def test_rotary_family_against_an_unknown_one_warns() -> None:
+    hf = side({"model.layers.0.self_attn.q_proj.weight": (8, 4),
+               "model.layers.0.self_attn.o_proj.weight": (4, 8)})
+    custom = side({"blocks.0.attn.query.weight": (8, 4), "blocks.0.attn.out.weight": (4, 8)})
+    plan = build_plan(hf, custom)
+    assert len(plan.steps) == 2 and all(s.matched_by == "structure" for s in plan.steps)
+    assert "rotary (RoPE) order" in plan.warnings[0]
