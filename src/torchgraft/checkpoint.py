@@ -17,6 +17,7 @@ from .devices import DeviceMap, DeviceSpec
 from .errors import TensorNotFoundError, TorchgraftError, reading
 from .io import Contents, ReadOptions, open_contents
 from .meta import TensorMeta, TensorRef, parse_dtype
+from .safe_pickle import skipped_calls
 from .wrappers import Wrapper, detect_wrappers
 
 __all__ = ["Checkpoint", "open"]
@@ -37,6 +38,8 @@ class Checkpoint:
         model_class: The class of a pickled whole model the weights came from, if any.
         weight_sets: Every place in the file holding weights, with its tensor count.
         extras: Everything saved besides the weights, as plain Python data.
+        skipped_calls: Globals the file's pickle called (an ``Enum``, a config class) that
+            were recorded, not run: nothing from the file runs unless ``unsafe=True``.
     """
 
     def __init__(self, contents: Contents, selection: Selection) -> None:
@@ -49,6 +52,7 @@ class Checkpoint:
         self.weight_sets = selection.weight_sets
         self.extras = selection.extras
         self._all = all_tensors(contents.root)
+        self.skipped_calls = skipped_calls(contents.root)
 
     def keys(self) -> list[str]:
         """Return the names of the model weights, in stored order."""

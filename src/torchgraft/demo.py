@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -99,10 +100,10 @@ class Example:
 
 
 class _Payload:
-    """A pickle payload that would print if unpickled naively: torchgraft refuses it."""
+    """A pickle payload that would run a shell command if unpickled naively (an ``echo``)."""
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (print, ("this payload ran: the loader executed code from the file",))
+        return (os.system, ("echo this payload ran: the loader executed code from the file",))
 
 
 def _save_on(device: str, obj: object, path: Path, **kwargs: object) -> None:

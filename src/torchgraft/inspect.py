@@ -48,6 +48,7 @@ class CheckpointInfo:
         model_class: The class of a pickled whole model, if the weights came from one.
         weight_sets: Every place in the file holding weights, with its tensor count.
         extras: Everything saved besides the weights, as plain data.
+        skipped_calls: Globals the pickle called that were recorded, not run.
         totals: Totals over all weights.
         by_dtype: Totals per dtype name.
     """
@@ -61,6 +62,7 @@ class CheckpointInfo:
     model_class: str | None
     weight_sets: dict[str, int]
     extras: dict[str, Any]
+    skipped_calls: list[str] = field(default_factory=list)
     totals: DtypeTotals = field(default_factory=DtypeTotals)
     by_dtype: dict[str, DtypeTotals] = field(default_factory=dict)
 
@@ -77,6 +79,7 @@ class CheckpointInfo:
             "totals": vars(self.totals),
             "by_dtype": {k: vars(v) for k, v in self.by_dtype.items()},
             "extras": self.extras,
+            "skipped_calls": self.skipped_calls,
             "tensors": [{"name": name, **meta.to_dict()} for name, meta in self.tensors],
         }
 
@@ -101,7 +104,7 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
             path=str(ckpt.path), format=ckpt.format, tensors=ckpt.items_meta(),
             saved_devices=sorted(ckpt.saved_devices), wrappers=ckpt.wrappers,
             weights_key=ckpt.weights_key, model_class=ckpt.model_class,
-            weight_sets=ckpt.weight_sets, extras=ckpt.extras,
+            weight_sets=ckpt.weight_sets, extras=ckpt.extras, skipped_calls=ckpt.skipped_calls,
         )
     for _name, meta in info.tensors:
         info.totals.add(meta)

@@ -11,8 +11,16 @@ the file names:
 * **Anything else** resolves to an inert stand-in class, a subclass of :class:`PickledObject`.
   A pickled object of such a class (``NEWOBJ`` + ``BUILD``, the way ``torch.save(model)``
   stores a model whose class is not importable here) becomes a record of its class name and
-  state. *Calling* such a global (``REDUCE``), which is how a pickle runs a function, raises
-  :class:`~torchgraft.errors.UnsafeCheckpointError` naming it, unless ``unsafe=True``.
+  state. *Calling* such a global (``REDUCE``: an ``Enum`` in Lightning hyper-parameters,
+  DeepSpeed's ``ZeroStageEnum``) runs nothing either: it becomes a record of the call
+  (:attr:`PickledObject.called`), listed by :func:`skipped_calls`. ``getattr`` on such a record
+  (mmengine pickles ``getattr(HistoryBuffer, 'min')``) gives another record.
+
+Only a call of a known code-execution primitive (:data:`DANGEROUS`: ``os``, ``subprocess``,
+``eval``, ``__import__``, ``torch.load``...) raises
+:class:`~torchgraft.errors.UnsafeCheckpointError`: such a file was made to run code.
+``unsafe=True`` (trusted files only) calls the real globals instead. Resolving a name never
+imports a module: torch's own values are looked up only among what torch has already loaded.
 """
 
 from __future__ import annotations
@@ -39,19 +47,44 @@ from .errors import (
 from .meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 
 __all__ = [
+    "DANGEROUS",
     "PickledObject",
     "StorageType",
     "TensorFactory",
     "numpy_ref",
     "safe_load",
+    "skipped_calls",
 ]
 
+# Module names that one Python, numpy or torch version writes and another reads under another
+# name: Python 2's builtins, numpy 1 vs 2, Python 3.13's pathlib.
 _MODULE_ALIASES = {
     "__builtin__": "builtins",
     "copy_reg": "copyreg",
     "numpy.core.multiarray": "numpy._core.multiarray",
     "numpy.core.numeric": "numpy._core.numeric",
+    "pathlib._local": "pathlib",
 }
+
+#: Calls that run code, whole modules or single names: a pickle calling one was made to attack.
+DANGEROUS: tuple[str, ...] = (
+    "os.", "posix.", "nt.", "subprocess.", "sys.", "runpy.", "importlib.", "ctypes.", "socket.",
+    "shutil.", "webbrowser.", "pty.", "code.", "pydoc.", "pickle.", "_pickle.", "marshal.",
+    "multiprocessing.", "signal.", "asyncio.", "threading.", "_thread.", "builtins.eval",
+    "builtins.exec", "builtins.compile", "builtins.open", "builtins.__import__",
+    "builtins.setattr", "builtins.delattr", "builtins.globals", "builtins.locals",
+    "builtins.vars", "builtins.breakpoint", "builtins.input", "builtins.exit", "builtins.quit",
+    "io.", "_io.", "codecs.open", "tempfile.", "urllib.", "http.", "ftplib.", "smtplib.",
+    "torch.load", "torch.serialization.load", "torch.hub.", "torch.jit.load",
+    "torch.package.", "torch.ops.", "torch._ops.", "torch.utils.cpp_extension.",
+    "torch._C._", "numpy.load", "numpy.lib.npyio.", "numpy.fromfile", "types.", "inspect.",
+)
+
+
+def is_dangerous(global_name: str) -> bool:
+    """Whether a dotted global is a code-execution primitive (:data:`DANGEROUS`)."""
+    return any(global_name == d or (d.endswith(".") and global_name.startswith(d))
+               for d in DANGEROUS)
 
 _STORAGE_DTYPES: dict[str, torch.dtype] = {
     "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
@@ -98,7 +131,11 @@ class _InertMeta(type):
         if cls._tg_global in _INERT_CALLS:
             return _instance(cls, args)
         if not cls._tg_unsafe:
-            raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
+            if is_dangerous(cls._tg_global):
+                raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
+            record = _instance(cls, args)
+            record.called = True
+            return record
         module, _, name = cls._tg_global.rpartition(".")
         try:
             target: Any = importlib.import_module(module)
@@ -119,6 +156,8 @@ class PickledObject(metaclass=_InertMeta):
 
     Attributes:
         global_name: The dotted name of its class, e.g. ``"mymodels.resnet.ResNet"``.
+        called: True when the pickle called the global (``Color(1)``) rather than building an
+            object of it; nothing was run.
         args: The arguments the pickle gave to create it.
         state: What the pickle gave to ``__setstate__`` (usually the instance ``__dict__``).
         items: Entries set on it as a mapping (dict subclasses).
@@ -133,12 +172,14 @@ class PickledObject(metaclass=_InertMeta):
         """Create an empty record; nothing of the real class runs."""
         obj = object.__new__(cls)
         obj.args = args
+        obj.called = False
         obj.state = None
         obj.items = {}
         obj.list_items = []
         return obj
 
     args: tuple[Any, ...]
+    called: bool
     state: Any
     items: dict[Any, Any]
     list_items: list[Any]
@@ -181,6 +222,34 @@ class PickledObject(metaclass=_InertMeta):
 
     def __repr__(self) -> str:
         return f"<pickled {self.global_name}>"
+
+
+def skipped_calls(root: Any, *, limit: int = 100_000) -> list[str]:
+    """The globals a loaded pickle called that were recorded instead of run, once each.
+
+    Args:
+        root: What :func:`safe_load` returned (walked iteratively, each object once).
+        limit: At most this many objects are visited.
+
+    Returns:
+        Dotted names, sorted.
+    """
+    found: dict[str, None] = {}
+    stack, seen = [root], set[int]()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            stack.extend(node)
+        elif isinstance(node, PickledObject):
+            if node.called:
+                found.setdefault(node.global_name)
+            stack.extend([node.state, *node.args, *node.items.values(), *node.list_items])
+    return sorted(found)
 
 
 def _display(global_name: str) -> str:
@@ -398,7 +467,7 @@ class _Rebuilders:
 
 
 def _get_layout(name: str) -> torch.layout:
-    layout = getattr(torch, str(name).removeprefix("torch."), None)
+    layout = vars(torch).get(str(name).removeprefix("torch."))  # never a lazy submodule import
     if not isinstance(layout, torch.layout):
         raise CorruptCheckpointError(f"unknown tensor layout {name!r}")
     return layout
@@ -439,8 +508,18 @@ class _SafeUnpickler(pickle.Unpickler):
         self._path = path
         self._unsafe = unsafe
         self._factory = factory
-        self._calls = {**_SAFE_CALLS, **_Rebuilders(factory).calls()}
+        self._calls = {**_SAFE_CALLS, **_Rebuilders(factory).calls(),
+                       "builtins.getattr": self._getattr}
         self._stubs: dict[str, Any] = {}
+
+    def _getattr(self, obj: Any, name: Any, *default: Any) -> Any:
+        """``getattr`` on a record of an unknown class gives a record; on anything else, no."""
+        owner = obj if isinstance(obj, type) else type(obj)
+        if isinstance(owner, _InertMeta) and isinstance(name, str) and not self._unsafe:
+            return self._stub(f"{owner._tg_global}.{name}")
+        if self._unsafe:
+            return getattr(obj, name, *default)
+        raise UnsafeCheckpointError(f"builtins.getattr on {type(obj).__name__}", path=self._path)
 
     def find_class(self, module: str, name: str) -> Any:
         module = _MODULE_ALIASES.get(module, module)
@@ -450,7 +529,7 @@ class _SafeUnpickler(pickle.Unpickler):
         if module in ("torch", "torch.storage"):
             if name in _STORAGE_DTYPES:
                 return StorageType(_STORAGE_DTYPES[name])
-            value = getattr(torch, name, None)
+            value = vars(torch).get(name)  # never a lazy submodule import
             if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
                 return value
         return self._stub(dotted)

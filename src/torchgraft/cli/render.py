@@ -40,7 +40,7 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         limit: Show at most this many tensors; all when ``None``.
     """
     t = info.totals
-    console.print(f"[bold]{info.path}[/bold]")
+    console.print(f"[bold]{escape(str(info.path))}[/bold]")
     facts = [
         ("format", info.format),
         ("saved on", ", ".join(info.saved_devices) or "-"),
@@ -50,11 +50,14 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     ]
     if info.model_class:
         facts.append(("model class", f"{info.model_class} (not imported)"))
+    if info.skipped_calls:
+        facts.append(("not run", ", ".join(info.skipped_calls)
+                      + " (recorded, not called: nothing from the file runs)"))
     others = {k: n for k, n in info.weight_sets.items() if k != info.weights_key}
     if others:
         facts.append(("other weights", ", ".join(f"'{k}' ({n})" for k, n in others.items())))
     for key, value in facts:
-        console.print(f"  [cyan]{key:>13}[/cyan]  {value}")
+        console.print(f"  [cyan]{key:>13}[/cyan]  {escape(str(value))}")
     if len(info.by_dtype) > 1:
         for name, totals in info.by_dtype.items():
             console.print(f"  {'':>13}  {name}: {totals.tensors} tensors, "
