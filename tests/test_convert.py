@@ -60,3 +60,36 @@ def test_refuses_to_overwrite(tmp_path: Path, state: dict) -> None:
     with pytest.raises(tg.TorchgraftError, match="already exists"):
         tg.convert(tmp_path / "a.pt", tmp_path / "b.safetensors")
     assert (tmp_path / "b.safetensors").read_bytes() == b"keep"
+
+
+def test_wrappers_are_removed_unless_kept(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    wrapped = tmp_path / "dp.pt"
+    torch.save(torch.nn.DataParallel(model).state_dict(), wrapped)
+    report = tg.convert(wrapped, tmp_path / "bare.safetensors")
+    assert report.wrappers_removed == "module." and not report.renamed
+    assert "'module.' removed from every key" in str(report)
+    with tg.open(tmp_path / "bare.safetensors") as ckpt:
+        assert ckpt.keys() == ["0.weight", "0.bias"]
+    kept = tg.convert(wrapped, tmp_path / "kept.safetensors", keep_wrappers=True)
+    assert not kept.wrappers_removed
+    with tg.open(tmp_path / "kept.safetensors") as ckpt:
+        assert ckpt.keys() == ["module.0.weight", "module.0.bias"]
+
+
+def test_written_files_follow_the_umask_and_carry_format_pt(tmp_path: Path) -> None:
+    import os
+
+    from safetensors import safe_open
+
+    model = torch.nn.Linear(2, 3)
+    old = os.umask(0o022)
+    try:
+        tg.save(model, tmp_path / "m.safetensors")
+        torch.save(model.state_dict(), tmp_path / "reference.pt")
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "m.safetensors").stat().st_mode & 0o777
+    assert mode == (tmp_path / "reference.pt").stat().st_mode & 0o777 == 0o644
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}

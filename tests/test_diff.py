@@ -35,3 +35,14 @@ def test_nan_equals_nan() -> None:
     a = {"x": torch.tensor([float("nan"), 1.0])}
     assert tg.diff(a, {"x": a["x"].clone()}).identical
     assert tg.diff(a, {"x": torch.tensor([0.0, 1.0])}).values == {"x": float("inf")}
+
+
+def test_diff_compares_names_without_wrappers(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 3)
+    torch.save(torch.nn.DataParallel(model).state_dict(), tmp_path / "dp.pt")
+    torch.save(model.state_dict(), tmp_path / "bare.pt")
+    report = tg.diff(tmp_path / "dp.pt", tmp_path / "bare.pt")
+    assert report.identical and report.wrappers == {"a": "module.", "b": ""}
+    assert "'module.' removed from A's names" in str(report)
+    strict = tg.diff(tmp_path / "dp.pt", tmp_path / "bare.pt", keep_wrappers=True)
+    assert not strict.identical and strict.only_in_a == ["module.weight", "module.bias"]

@@ -205,3 +205,18 @@ def test_seed_everything_makes_training_repeatable() -> None:
     a = (np.random.rand(), torch.rand(1))
     tg.seed_everything(1)
     assert (np.random.rand(), torch.rand(1)) == a
+
+
+def test_written_safetensors_load_in_huggingface_hub(tmp_path: Path, model: SmallNet) -> None:
+    hub = pytest.importorskip("huggingface_hub")
+    single = tmp_path / "single" / "model.safetensors"
+    tg.save(model, single)
+    assert_same_state(hub.load_state_dict_from_file(single), model.state_dict(), ordered=False)
+    tg.save(model, tmp_path / "sharded" / "model.safetensors", max_shard_size=200)
+    fresh = SmallNet()
+    hub.load_torch_model(fresh, tmp_path / "sharded")
+    assert_same_state(fresh.state_dict(), model.state_dict())
+    converted = tmp_path / "converted.safetensors"
+    tg.convert(single, converted)
+    assert_same_state(hub.load_state_dict_from_file(converted), model.state_dict(),
+                      ordered=False)

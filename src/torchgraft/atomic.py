@@ -14,6 +14,13 @@ from .errors import TorchgraftError
 __all__ = ["atomic_dir", "atomic_path"]
 
 
+def _umask() -> int:
+    """The process umask (read by setting it, then restoring it at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _writable(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
     """The destination as a Path, its folder created; an error if it exists and may not go."""
     destination = Path(path)
@@ -47,6 +54,7 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
         yield temporary
         with temporary.open("rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
         os.replace(temporary, destination)
         directory = os.open(destination.parent, os.O_RDONLY)
         try:

@@ -17,6 +17,7 @@ from .graft.rules import RulesSpec, parse_rules, rename
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
 from .save import resolve_format, write_job
+from .wrappers import strip_wrappers
 
 __all__ = ["ConvertReport", "convert"]
 
@@ -33,6 +34,7 @@ class ConvertReport:
         tensors: Number of tensors written.
         bytes: Their size as written.
         renamed: Old name to new name, for keys a rule renamed.
+        wrappers_removed: The wrapper prefix removed from every key (``"module."``), if any.
         dropped: Keys a rule dropped.
         cast: Keys whose dtype changed, with ``"float32->float16"``.
         extras_kept: Extras written beside the weights.
@@ -46,6 +48,7 @@ class ConvertReport:
     tensors: int = 0
     bytes: int = 0
     renamed: dict[str, str] = field(default_factory=dict)
+    wrappers_removed: str = ""
     dropped: list[str] = field(default_factory=list)
     cast: dict[str, str] = field(default_factory=dict)
     extras_kept: list[str] = field(default_factory=list)
@@ -63,6 +66,9 @@ class ConvertReport:
         lines = [f"converted {self.source} ({self.source_format}) -> {self.format}: "
                  f"{self.tensors} tensors, {self.bytes} bytes"]
         lines += [f"  wrote     {w}" for w in self.written]
+        if self.wrappers_removed:
+            lines.append(f"  wrappers  '{self.wrappers_removed}' removed from every key "
+                         "(keep_wrappers=True, CLI --keep-wrappers, keeps it)")
         lines += [f"  renamed   {a} -> {b}" for a, b in self.renamed.items()]
         lines += [f"  dropped   {k}" for k in self.dropped]
         if self.cast:
@@ -108,7 +114,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             rules: RulesSpec = None, dtype: torch.dtype | str | None = None, legacy: bool = False,
             overwrite: bool = False, drop_extras: bool = False,
             max_shard_size: int | str | None = None, unsafe: bool = False,
-            weights_key: str | None = None,
+            weights_key: str | None = None, keep_wrappers: bool = False,
             progress: Callable[[int, int], None] | None = None) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
 
@@ -131,6 +137,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         max_shard_size: Shard safetensors or torch output (``"2GB"``).
         unsafe: Let the source's pickle call code outside the allow-list.
         weights_key: Where the weights are in a training checkpoint.
+        keep_wrappers: Keep the prefixes that DataParallel, DDP or torch.compile added to every
+            key (``module.``); by default they are removed, before ``rules``, so the file loads
+            into the bare model.
         progress: Called with (tensors done, total).
 
     Returns:
@@ -146,12 +155,15 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
-        for name, ref in ckpt.tensor_refs().items():
-            new, _rule = rename(name, parsed)
+        refs = ckpt.tensor_refs()
+        prefix, bare = strip_wrappers(refs) if not keep_wrappers else ("", {n: n for n in refs})
+        report.wrappers_removed = prefix
+        for name, ref in refs.items():
+            new, _rule = rename(bare[name], parsed)
             if new is None:
                 report.dropped.append(name)
                 continue
-            if new != name:
+            if new != bare[name]:
                 report.renamed[name] = new
             tensors[new] = ref
         extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key, report)

@@ -10,6 +10,7 @@ import torch
 
 from .graft.source import SourceLike, open_source
 from .meta import dtype_name
+from .wrappers import strip_wrappers
 
 __all__ = ["DiffReport", "diff"]
 
@@ -25,6 +26,8 @@ class DiffReport:
         dtypes: Name to (dtype in a, dtype in b), where they differ.
         values: Name to the largest absolute difference, for same-shape tensors that differ.
         equal: Names whose tensors are equal (same shape and values; NaNs equal NaNs).
+        wrappers: The wrapper prefix removed from every name of A and of B before comparing
+            (``{"a": "module.", "b": ""}``), when one was.
     """
 
     only_in_a: list[str] = field(default_factory=list)
@@ -33,6 +36,7 @@ class DiffReport:
     dtypes: dict[str, tuple[str, str]] = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     equal: list[str] = field(default_factory=list)
+    wrappers: dict[str, str] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -46,18 +50,21 @@ class DiffReport:
                 "only_in_b": self.only_in_b,
                 "shapes": {k: [list(a), list(b)] for k, (a, b) in self.shapes.items()},
                 "dtypes": {k: list(v) for k, v in self.dtypes.items()},
-                "values": self.values, "equal": len(self.equal)}
+                "values": self.values, "equal": len(self.equal), "wrappers": self.wrappers}
 
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text."""
         return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
+        removed = "; ".join(f"'{p}' removed from {side.upper()}'s names"
+                            for side, p in self.wrappers.items() if p)
+        note = f" ({removed})" if removed else ""
         if self.identical:
-            return f"identical: {len(self.equal)} tensors"
+            return f"identical: {len(self.equal)} tensors{note}"
         lines = [f"differ: {len(self.equal)} equal, {len(self.values)} with other values, "
                  f"{len(self.shapes)} with other shapes, {len(self.dtypes)} with other dtypes, "
-                 f"{len(self.only_in_a)} only in A, {len(self.only_in_b)} only in B"]
+                 f"{len(self.only_in_a)} only in A, {len(self.only_in_b)} only in B{note}"]
         lines += [f"  only in A  {k}" for k in self.only_in_a]
         lines += [f"  only in B  {k}" for k in self.only_in_b]
         lines += [f"  shape      {k}  {a} vs {b}" for k, (a, b) in self.shapes.items()]
@@ -66,13 +73,16 @@ class DiffReport:
         return "\n".join(lines)
 
 
-def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False) -> DiffReport:
+def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
+         keep_wrappers: bool = False) -> DiffReport:
     """Compare two sets of weights by name, reading one pair of tensors at a time.
 
     Args:
         a: A checkpoint path, state dict, ``nn.Module`` or :func:`torchgraft.open` result.
         b: The same kinds.
         unsafe: For checkpoint paths: let pickles call code outside the allow-list.
+        keep_wrappers: Compare names as stored; by default the wrapper prefix every name of a
+            side shares (``module.``, ``_orig_mod.``) is removed first, and the report says so.
 
     Returns:
         The differences.
@@ -88,10 +98,17 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False) -> DiffReport:
         raise
     report = DiffReport()
     try:
-        report.only_in_a = [k for k in left.refs if k not in right.refs]
-        report.only_in_b = [k for k in right.refs if k not in left.refs]
-        for name, ref_a in left.refs.items():
-            ref_b = right.refs.get(name)
+        refs_a, refs_b = left.refs, right.refs
+        if not keep_wrappers:
+            (prefix_a, bare_a), (prefix_b, bare_b) = strip_wrappers(refs_a), strip_wrappers(refs_b)
+            if prefix_a or prefix_b:
+                report.wrappers = {"a": prefix_a, "b": prefix_b}
+                refs_a = {bare_a[k]: v for k, v in refs_a.items()}
+                refs_b = {bare_b[k]: v for k, v in refs_b.items()}
+        report.only_in_a = [k for k in refs_a if k not in refs_b]
+        report.only_in_b = [k for k in refs_b if k not in refs_a]
+        for name, ref_a in refs_a.items():
+            ref_b = refs_b.get(name)
             if ref_b is None:
                 continue
             if ref_a.meta.shape != ref_b.meta.shape:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["WRAPPER_PREFIXES", "Wrapper", "detect_wrappers"]
+__all__ = ["WRAPPER_PREFIXES", "Wrapper", "detect_wrappers", "strip_wrappers"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,18 @@ def detect_wrappers(names: Iterable[str]) -> list[Wrapper]:
         found.append(wrapper)
         remaining = [n.removeprefix(wrapper.prefix) for n in remaining]
     return found
+
+
+def strip_wrappers(names: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """Remove the wrapper prefixes that every name shares.
+
+    Args:
+        names: Weight names.
+
+    Returns:
+        The prefix removed (``""`` if none, ``"module._orig_mod."`` for nested wrappers), and
+        each name mapped to itself without it.
+    """
+    names = list(names)
+    prefix = "".join(w.prefix for w in detect_wrappers(names))
+    return prefix, {name: name.removeprefix(prefix) for name in names}

@@ -25,12 +25,14 @@ __all__ = ["convert_command"]
               help="JSON/YAML file of [pattern, replacement] renames (null drops a key).")
 @click.option("--drop-extras", is_flag=True, help="Write the weights only.")
 @click.option("--max-shard-size", default=None, help="Shard the output, e.g. 2GB.")
+@click.option("--keep-wrappers", is_flag=True,
+              help="Keep the 'module.' / '_orig_mod.' prefixes (removed by default).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let SRC's pickle run code. Trusted files only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
                     rules: Path | None, drop_extras: bool, max_shard_size: str | None,
-                    overwrite: bool, unsafe: bool, as_json: bool) -> int:
+                    keep_wrappers: bool, overwrite: bool, unsafe: bool, as_json: bool) -> int:
     """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
 
     Exit codes: 0 written, 2 bad input.
@@ -40,7 +42,7 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
         task = bar.add_task("converting", total=None)
         report = convert(src, dst, format=fmt, dtype=dtype, legacy=legacy, rules=rules,
                          drop_extras=drop_extras, max_shard_size=max_shard_size,
-                         overwrite=overwrite, unsafe=unsafe,
+                         overwrite=overwrite, unsafe=unsafe, keep_wrappers=keep_wrappers,
                          progress=lambda done, total: bar.update(task, completed=done,
                                                                  total=total))
     if as_json:

@@ -19,12 +19,14 @@ __all__ = ["diff_command"]
 @click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
 @click.option("--unsafe", is_flag=True, help="Let the files' pickles run code. Trusted files "
                                              "only.")
-def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool) -> int:
+@click.option("--keep-wrappers", is_flag=True,
+              help="Compare names as stored (by default 'module.' and the like are removed).")
+def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: bool) -> int:
     """Compare the weights of checkpoints A and B (any formats).
 
     Exit codes: 0 identical, 1 they differ, 2 bad input.
     """
-    report = diff(a, b, unsafe=unsafe)
+    report = diff(a, b, unsafe=unsafe, keep_wrappers=keep_wrappers)
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, report.to_dict())

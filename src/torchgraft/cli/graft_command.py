@@ -6,29 +6,16 @@ import json
 from pathlib import Path
 
 import click
-import torch
 from rich.console import Console
 from rich.progress import Progress
-from torch import nn
 
-from ..atomic import atomic_path
 from ..graft import GraftError, GraftReport, graft
 from ..graft.adapt import LabelMap
+from ..save import resolve_format, save
 from .factory import build_model
 from .render import print_json, print_report
 
 __all__ = ["graft_command"]
-
-
-def _save(model: nn.Module, path: Path, *, overwrite: bool) -> None:
-    """Save the model's weights, as safetensors or torch.save by the file's suffix."""
-    with atomic_path(path, overwrite=overwrite) as temporary:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import save_model
-
-            save_model(model, str(temporary))  # writes tied weights once
-        else:
-            torch.save(model.state_dict(), temporary)
 
 
 def _label_map(text: str | None) -> LabelMap | None:
@@ -54,7 +41,8 @@ def _label_map(text: str | None) -> LabelMap | None:
               help="Builds the target: package.module:factory or path/to/file.py:factory.")
 @click.option("--model-kwargs", default=None, metavar="JSON", help="Keyword arguments for it.")
 @click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="Where to save the grafted weights (.safetensors, else torch.save).")
+              help="Where to save the grafted weights; the suffix picks the format "
+                   "(.safetensors, .pt/.pth/.bin, .pdparams, .npz; none: a DCP folder).")
 @click.option("--rules", type=click.Path(path_type=Path), default=None,
               help="JSON/YAML file of [pattern, replacement] rules (null drops a key).")
 @click.option("--match", type=click.Choice(["auto", "name", "structure"]), default="auto")
@@ -81,6 +69,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     console = Console(soft_wrap=as_json)
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
+    resolve_format(out, None, legacy=False)  # an output suffix no format writes: before any work
     rows = _label_map(label_map)
     model = build_model(model_spec, model_kwargs)
     with Progress(console=Console(stderr=True), transient=True) as bar:
@@ -94,7 +83,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         except GraftError as exc:
             report, failed = exc.report, str(exc)
     if failed is None:
-        _save(model, out, overwrite=overwrite)
+        save(model, out, overwrite=overwrite)
     if as_json:
         print_json(console, {**report.to_dict(), "out": None if failed else str(out),
                              "error": failed})

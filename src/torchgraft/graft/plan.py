@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..wrappers import detect_wrappers
+from ..wrappers import strip_wrappers
 from .adapt import (
     Derived,
     Init,
@@ -109,12 +109,6 @@ class Plan:
     tied: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     init: Init = "keep"
-
-
-def _strip_wrappers(names: Sequence[str]) -> dict[str, str]:
-    """Map each name to itself without the wrapper prefixes shared by all names."""
-    prefix = "".join(w.prefix for w in detect_wrappers(names))
-    return {name: name.removeprefix(prefix) for name in names}
 
 
 def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
@@ -308,8 +302,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         take(_pair_by({t: t for t in dst.tensors}, renamed), None)
         left_t = [t for t in dst.tensors if t not in pairs]
         left_s = [s for s in renamed if s not in pairs.values()]
-        stripped_t = _strip_wrappers(list(dst.tensors))
-        stripped_s = _strip_wrappers(list(renamed.values()))
+        stripped_t = strip_wrappers(dst.tensors)[1]
+        stripped_s = strip_wrappers(renamed.values())[1]
         take(_pair_by({t: stripped_t[t] for t in left_t},
                       {s: stripped_s[renamed[s]] for s in left_s}), "wrapper")
         left_t = [t for t in dst.tensors if t not in pairs]

@@ -127,6 +127,8 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         root[alias] = root[written]
     extras = _json_entry(metadata, EXTRAS_KEY, path)
     weights_key = metadata.pop(WEIGHTS_KEY, "")
+    if metadata.get("format") == "pt":
+        del metadata["format"]  # a file marker (written back by every writer), not user data
     if weights_key:
         root = {weights_key: root}
     root.update(extras)
@@ -181,15 +183,14 @@ def write(job: WriteJob, path: Path) -> None:
         header[name] = {"dtype": _NAMES[dtype], "shape": list(ref.meta.shape),
                         "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-    metadata = dict(job.metadata)
+    metadata = {"format": "pt", **job.metadata}  # transformers and huggingface_hub require it
     if aliases:
         metadata[ALIASES_KEY] = json.dumps(aliases)
     if job.extras:
         metadata[EXTRAS_KEY] = json.dumps(job.extras)
         if job.weights_key:
             metadata[WEIGHTS_KEY] = job.weights_key
-    if metadata:
-        header = {"__metadata__": metadata, **header}
+    header = {"__metadata__": metadata, **header}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with path.open("wb") as f:
