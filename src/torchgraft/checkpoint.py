@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -14,7 +15,7 @@ import torch
 
 from .containers import Selection, all_tensors, select_weights
 from .devices import DeviceMap, DeviceSpec
-from .errors import TensorNotFoundError, TorchgraftError, reading
+from .errors import CorruptCheckpointError, TensorNotFoundError, TorchgraftError, reading
 from .io import Contents, ReadOptions, open_contents
 from .meta import TensorMeta, TensorRef, parse_dtype
 from .safe_pickle import skipped_calls
@@ -132,8 +133,12 @@ class Checkpoint:
         return self._contents.root
 
     def tensor_refs(self) -> dict[str, TensorRef]:
-        """Return every weight as a lazy reference, in stored order (nothing is read)."""
-        return dict(self._weights)
+        """Return every weight as a lazy reference, in stored order (nothing is read).
+
+        Reading one turns any failure into a :class:`TorchgraftError` naming the file and the
+        key, whoever reads it (graft, convert, diff).
+        """
+        return {name: _guarded(ref, name, self.path) for name, ref in self._weights.items()}
 
     def items_meta(self) -> list[tuple[str, TensorMeta]]:
         """Return every weight's name and metadata, in stored order."""
@@ -152,6 +157,32 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"<Checkpoint {self.format} '{self.path}': {len(self)} weights>"
+
+
+def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
+    """The same lazy tensor, its reads turning any failure into an error naming file and key."""
+
+    def read() -> torch.Tensor:
+        with reading(path), _naming(name):
+            return ref.read()
+
+    def read_into(out: torch.Tensor) -> None:
+        with reading(path), _naming(name):
+            ref.read_into(out)
+
+    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key)
+
+
+@contextlib.contextmanager
+def _naming(name: str) -> Iterator[None]:
+    """Name the tensor in a failure's message."""
+    try:
+        yield
+    except TorchgraftError as exc:
+        raise exc.about(name) from exc.__cause__
+    except Exception as exc:
+        raise CorruptCheckpointError(f"while reading '{name}': the data is malformed "
+                                     f"({type(exc).__name__}: {exc})") from exc
 
 
 def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dtype | None,

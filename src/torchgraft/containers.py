@@ -17,7 +17,8 @@ from .errors import TorchgraftError
 from .meta import TensorRef, dtype_name
 from .safe_pickle import PickledObject
 
-__all__ = ["WEIGHT_KEYS", "Selection", "all_tensors", "select_weights", "to_plain"]
+__all__ = ["MAX_PLAIN_DEPTH", "MAX_PLAIN_NODES", "WEIGHT_KEYS", "Selection", "all_tensors",
+           "select_weights", "to_plain"]
 
 # Keys under which training checkpoints keep model weights, most likely first. The EMA copies
 # come last: they are used only when nothing else holds weights, and reported otherwise.
@@ -187,11 +188,21 @@ def _rest(obj: dict[Any, Any], prefix: str, key: str, weight_sets: dict[str, int
     return out
 
 
-def to_plain(obj: Any, _seen: frozenset[int] = frozenset()) -> Any:
+#: Plain data deeper than this is cut: no real checkpoint nests its extras so deep.
+MAX_PLAIN_DEPTH = 64
+#: Containers expanded before shared ones are no longer expanded again.
+MAX_PLAIN_NODES = 100_000
+
+
+def to_plain(obj: Any) -> Any:
     """Turn saved data into plain Python: tensors become short descriptions.
 
     Optimizer states are summarised (their per-parameter tensors are not listed), pickled
-    objects become dicts with a ``"__class__"`` entry, and cycles are cut.
+    objects become dicts with a ``"__class__"`` entry. At most :data:`MAX_PLAIN_NODES`
+    containers are expanded; past that, a container already expanded once says
+    ``"<shared>"``, so a pickle whose lists share themselves (``x = [x, x]``, 60 levels)
+    takes bounded time. Cycles say ``"<cycle>"``, nesting past :data:`MAX_PLAIN_DEPTH`
+    ``"<nested too deeply>"``.
 
     Args:
         obj: The saved data.
@@ -199,51 +210,75 @@ def to_plain(obj: Any, _seen: frozenset[int] = frozenset()) -> Any:
     Returns:
         JSON-ready data (dict keys may be ints).
     """
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if id(obj) in _seen:
-        return "<cycle>"
-    seen = _seen | {id(obj)}
-    if isinstance(obj, TensorRef):
-        return obj.meta.describe()
-    if isinstance(obj, (bytes, bytearray)):
-        return f"<{len(obj)} bytes>"
-    if isinstance(obj, torch.dtype):
-        return dtype_name(obj)
-    if isinstance(obj, (torch.device, torch.layout, torch.memory_format, complex)):
-        return str(obj)
-    if isinstance(obj, (datetime.date, datetime.time, datetime.timedelta)):
-        return str(obj)
-    if isinstance(obj, dict):
-        if {"state", "param_groups"} <= obj.keys():
-            return _optimizer_summary(obj, seen)
-        return {(k if isinstance(k, (str, int)) else str(k)): to_plain(v, seen)
-                for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_plain(v, seen) for v in obj]
-    if isinstance(obj, PickledObject):
+    return _Plainer().plain(obj, 0)
+
+
+class _Plainer:
+    """One walk of :func:`to_plain`: what was expanded already, and what is being expanded."""
+
+    def __init__(self) -> None:
+        self.done: set[int] = set()
+        self.active: set[int] = set()
+        self.budget = MAX_PLAIN_NODES
+
+    def plain(self, obj: Any, depth: int) -> Any:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, TensorRef):
+            return obj.meta.describe()
+        if isinstance(obj, (bytes, bytearray)):
+            return f"<{len(obj)} bytes>"
+        if isinstance(obj, torch.dtype):
+            return dtype_name(obj)
+        if isinstance(obj, (torch.device, torch.layout, torch.memory_format, complex,
+                            datetime.date, datetime.time, datetime.timedelta)):
+            return str(obj)
+        if not isinstance(obj, (dict, list, tuple, set, frozenset, PickledObject)):
+            return repr(obj)
+        key = id(obj)
+        if key in self.active:
+            return "<cycle>"
+        if key in self.done and self.budget <= 0:
+            return "<shared>"
+        if depth >= MAX_PLAIN_DEPTH:
+            return "<nested too deeply>"
+        self.active.add(key)
+        self.budget -= 1
+        try:
+            return self._container(obj, depth + 1)
+        finally:
+            self.active.discard(key)
+            self.done.add(key)
+
+    def _container(self, obj: Any, depth: int) -> Any:
+        if isinstance(obj, dict):
+            if {"state", "param_groups"} <= obj.keys():
+                return self._optimizer(obj, depth)
+            return {(k if isinstance(k, (str, int)) else str(k)): self.plain(v, depth)
+                    for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return [self.plain(v, depth) for v in obj]
         if _is_module(obj):
             weights = _weights_of(obj)
             count = len(weights[0]) if weights else 0
             return f"<module {obj.global_name} with {count} tensors>"
         plain: dict[str, Any] = {"__class__": obj.global_name}
-        plain.update({str(k): to_plain(v, seen) for k, v in obj.attributes().items()})
+        if obj.called:
+            plain["__call__"] = self.plain(list(obj.args), depth)
+        plain.update({str(k): self.plain(v, depth) for k, v in obj.attributes().items()})
         if obj.items:
-            plain["items"] = to_plain(obj.items, seen)
+            plain["items"] = self.plain(obj.items, depth)
         if obj.list_items:
-            plain["list"] = to_plain(obj.list_items, seen)
+            plain["list"] = self.plain(obj.list_items, depth)
         return plain
-    return repr(obj)
 
-
-def _optimizer_summary(state_dict: dict[str, Any], seen: frozenset[int]) -> dict[str, Any]:
-    tensors = all_tensors(state_dict["state"])
-    groups = state_dict.get("param_groups")
-    return {
-        "param_groups": to_plain(groups, seen),
-        "state": f"<optimizer state for {len(state_dict['state'] or {})} parameters: "
-                 f"{len(tensors)} tensors, {sum(t.meta.nbytes for t in tensors)} bytes>",
-    }
+    def _optimizer(self, state_dict: dict[str, Any], depth: int) -> dict[str, Any]:
+        tensors = all_tensors(state_dict["state"])
+        return {
+            "param_groups": self.plain(state_dict.get("param_groups"), depth),
+            "state": f"<optimizer state for {len(state_dict['state'] or {})} parameters: "
+                     f"{len(tensors)} tensors, {sum(t.meta.nbytes for t in tensors)} bytes>",
+        }
 
 
 def all_tensors(obj: Any) -> list[TensorRef]:

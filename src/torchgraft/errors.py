@@ -47,6 +47,20 @@ class TorchgraftError(Exception):
             self.args = (f"{self.path}: {self.message}",)
         return self
 
+    def about(self, key: str) -> TorchgraftError:
+        """Name the tensor ``key`` in the message if it is not named yet.
+
+        Args:
+            key: The tensor being read when the error happened.
+
+        Returns:
+            This error.
+        """
+        if f"'{key}'" not in self.message:
+            self.message = f"while reading '{key}': {self.message}"
+            self.args = (f"{self.path}: {self.message}" if self.path else self.message,)
+        return self
+
 
 class CheckpointNotFoundError(TorchgraftError):
     """The path does not exist, or a directory holds no checkpoint."""

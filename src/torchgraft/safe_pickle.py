@@ -32,6 +32,7 @@ import importlib
 import io
 import pathlib
 import pickle
+import pickletools
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
@@ -601,5 +602,31 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
     """
     stream = io.BytesIO(file) if isinstance(file, bytes) else file
     with reading(path or "<pickle>"):
+        start = stream.tell()
+        _check_memo(stream)
+        stream.seek(start)
         obj = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory).load()
         return _finish(obj, {})
+
+
+_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def _check_memo(stream: IO[bytes]) -> None:
+    """Refuse memo indices no pickler writes, before the unpickler sizes its memo by them.
+
+    A pickler numbers its memo entries 0, 1, 2...; ``LONG_BINPUT 2**27`` in a 10-byte file
+    would make CPython's unpickler allocate a 2**27-entry table. Walking the opcodes first
+    (``pickletools``: no object is built) bounds every index by the entries so far.
+    """
+    entries = 0
+    for opcode, arg, _pos in pickletools.genops(stream):
+        if opcode.name in _PUTS:
+            if not isinstance(arg, int) or not 0 <= arg <= entries:
+                raise CorruptCheckpointError(f"memo index {arg} where at most {entries} can be")
+            entries += arg == entries
+        elif opcode.name == "MEMOIZE":
+            entries += 1
+        elif opcode.name in _GETS and not (isinstance(arg, int) and 0 <= arg < entries):
+            raise CorruptCheckpointError(f"memo index {arg} was never stored")

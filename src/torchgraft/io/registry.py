@@ -5,8 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnknownFormatError, reading
+from ..errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UnknownFormatError,
+    UnsupportedCheckpointError,
+    reading,
+)
 from .base import Contents, Format, ReadOptions
+from .sharded import MAX_INDEX_BYTES
 
 __all__ = ["detect", "formats", "open_contents", "register"]
 
@@ -68,10 +75,14 @@ def _checkpoint_in(directory: Path) -> Path:
 def _shard_names(indexes: list[Path]) -> set[str]:
     names: set[str] = set()
     for index in indexes:
+        if not index.is_file() or index.stat().st_size > MAX_INDEX_BYTES:
+            continue  # not a plain, plausible index: never read (a link to /dev/zero...)
         try:
             weight_map = json.loads(index.read_text()).get("weight_map", {})
             names.update(str(v) for v in weight_map.values())
         except (OSError, ValueError, AttributeError):
+            continue
+        except RecursionError:
             continue
     return names
 
@@ -97,6 +108,10 @@ def detect(path: Path) -> tuple[Format, Path]:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
                 return fmt, path
         path = _checkpoint_in(path)
+    if not path.is_file():
+        raise UnsupportedCheckpointError(
+            "not a regular file or a folder (a FIFO, device or socket could block or never "
+            "end): copy the checkpoint to a file", path=path)
     with reading(path), path.open("rb") as f:
         head = f.read(_HEAD_BYTES)
     if not head:

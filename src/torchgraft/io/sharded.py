@@ -13,11 +13,22 @@ from .base import Contents, Format, ReadOptions
 __all__ = ["FORMAT"]
 
 
+#: An index larger than this is not a weight map (a 70B model's index is about 100 KiB).
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+
 def _weight_map(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    size = path.stat().st_size
+    if size > MAX_INDEX_BYTES:
+        raise CorruptCheckpointError(f"the index is {size} bytes, more than any weight map "
+                                     f"needs ({MAX_INDEX_BYTES})", path=path)
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptCheckpointError(f"the index is not valid JSON: {exc}", path=path) from None
+    except RecursionError:
+        raise CorruptCheckpointError("the index nests too deeply to be a weight map",
+                                     path=path) from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -34,8 +45,13 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     shards: dict[str, Contents] = {}
     contents = Contents("sharded", path, {}, [])
     try:
+        folder = path.parent.resolve()
         for shard_name in dict.fromkeys(weight_map.values()):
             shard_path = path.parent / shard_name
+            if Path(shard_name).is_absolute() or not shard_path.resolve().is_relative_to(folder):
+                raise CorruptCheckpointError(
+                    f"shard '{shard_name}' named by the index lies outside the index's folder "
+                    "(an absolute path, '..' or a link leading out): refused", path=path)
             if not shard_path.is_file():
                 raise CheckpointNotFoundError(
                     f"shard '{shard_name}' named by the index is missing", path=path)

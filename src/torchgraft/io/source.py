@@ -11,7 +11,8 @@ import torch
 
 from ..errors import CorruptCheckpointError
 
-__all__ = ["ByteSource", "FileSource", "MemorySource", "contiguous_strides", "strided"]
+__all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
+           "strided"]
 
 
 class ByteSource:
@@ -193,14 +194,35 @@ def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
     Raises:
         CorruptCheckpointError: If the view reaches outside the storage.
     """
+    check_view(shape, stride, offset, flat.numel(), what=what, source=source)
+    if math.prod(shape) == 0:
+        return flat.new_empty(shape)
+    return flat.as_strided(shape, stride, flat.storage_offset() + offset)
+
+
+def check_view(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, numel: int, *,
+               what: str, source: str) -> None:
+    """Check, before anything is read or allocated, that a view stays inside its storage.
+
+    Args:
+        shape: The tensor's shape.
+        stride: Its strides, in elements.
+        offset: Its offset in the storage, in elements.
+        numel: The storage's size, in elements of the view's dtype.
+        what: The tensor's name, for the error message.
+        source: The file, for the error message.
+
+    Raises:
+        CorruptCheckpointError: If the shape or strides are malformed, or the view reaches
+            outside the storage.
+    """
     if len(shape) != len(stride) or offset < 0 or any(s < 0 for s in (*shape, *stride)):
         raise CorruptCheckpointError(f"tensor '{what}' has a malformed shape or stride",
                                      path=source)
     if math.prod(shape) == 0:
-        return flat.new_empty(shape)
+        return
     last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
-    if last >= flat.numel():
+    if last >= numel:
         raise CorruptCheckpointError(
             f"tensor '{what}' of shape {shape} reaches element {last} of a storage with "
-            f"{flat.numel()}", path=source)
-    return flat.as_strided(shape, stride, flat.storage_offset() + offset)
+            f"{numel}", path=source)

@@ -12,7 +12,7 @@ import torch
 from ..errors import CorruptCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import StorageType
-from .source import ByteSource, FileSource, contiguous_strides, strided
+from .source import ByteSource, FileSource, check_view, contiguous_strides, strided
 
 __all__ = ["Storage", "StorageTensors", "text"]
 
@@ -106,6 +106,9 @@ class StorageTensors(ABC):
         if not isinstance(storage, Storage):
             raise CorruptCheckpointError("a tensor record without a storage")
         view_dtype = dtype or storage.dtype
+        check_view(size, stride, offset,
+                   storage.numel * storage.dtype.itemsize // view_dtype.itemsize,
+                   what=f"storage {storage.key}", source=self.source.name)
 
         def read() -> torch.Tensor:
             return strided(self.flat(storage, view_dtype), size, stride, offset,
