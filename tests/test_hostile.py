@@ -6,8 +6,10 @@ import json
 import os
 import pickle
 import sys
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -139,3 +141,66 @@ def test_memo_indices_of_real_pickles_pass(tmp_path: Path) -> None:
                         protocol=protocol)
         with tg.open(path) as ckpt:
             assert ckpt.extras["a"] == ckpt.extras["b"] == [1.5, 2.5]
+
+
+def _bomb_zip(path: Path, member: str, payload_bytes: int, *, extra: dict[str, bytes],
+              prefix: bytes = b"") -> None:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in extra.items():
+            archive.writestr(name, data)
+        with archive.open(member, "w", force_zip64=True) as f:
+            f.write(prefix)
+            block = b"\0" * (1 << 20)
+            for _ in range(payload_bytes >> 20):
+                f.write(block)
+
+
+@pytest.mark.timeout(60)
+def test_zip_bomb_in_data_pkl_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.pt"
+    _bomb_zip(path, "archive/data.pkl", 300 << 20, extra={"archive/version": b"3\n"})
+    assert path.stat().st_size < 2 << 20
+    with pytest.raises(tg.CorruptCheckpointError, match="data.pkl"):
+        tg.inspect(path)
+
+
+@pytest.mark.timeout(60)
+def test_zip_bomb_in_an_npz_member_reads_only_what_its_shape_needs(tmp_path: Path) -> None:
+    import io
+    import resource
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (4,)})
+    path = tmp_path / "bomb.npz"
+    _bomb_zip(path, "small.npy", 300 << 20, extra={}, prefix=header.getvalue())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert torch.equal(tg.load(path)["small"], torch.zeros(4))
+    grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grew_kib < 100 * 1024  # far below the 300 MiB the member expands to
+
+
+def test_empty_tensors_load_from_npz_and_dcp(tmp_path: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint import save
+
+    np.savez(tmp_path / "e.npz", a=np.zeros(0, np.float32), b=np.ones(2, np.float32))
+    assert tg.load(tmp_path / "e.npz")["a"].shape == (0,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save({"a": torch.zeros(0), "b": torch.ones(2)}, checkpoint_id=str(tmp_path / "dcp"))
+    loaded = tg.load(tmp_path / "dcp")
+    assert loaded["a"].shape == (0,) and torch.equal(loaded["b"], torch.ones(2))
+
+
+def test_dcp_chunks_must_cover_their_tensor() -> None:
+    from torchgraft.io.dcp import _check_cover
+
+    _check_cover("w", (4, 4), [((0, 0), (2, 4)), ((2, 0), (2, 4))], Path("x"))
+    with pytest.raises(tg.CorruptCheckpointError, match="cover 4 of its 4096 elements"):
+        _check_cover("w", (64, 64), [((0, 0), (2, 2))], Path("x"))
+    with pytest.raises(tg.CorruptCheckpointError, match="overlap"):
+        _check_cover("w", (4,), [((0,), (3,)), ((2,), (1,))], Path("x"))
+    with pytest.raises(tg.CorruptCheckpointError, match="outside"):
+        _check_cover("w", (4,), [((3,), (2,))], Path("x"))

@@ -20,6 +20,7 @@ from .convert import ConvertReport, convert
 from .diff import DiffReport, diff
 from .errors import (
     CheckpointNotFoundError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     DeviceError,
     MissingDependencyError,
@@ -41,6 +42,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointInfo",
     "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "ConvertReport",
     "CorruptCheckpointError",
     "DeviceError",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import TorchgraftError
+from .errors import CheckpointWriteError, TorchgraftError
 
 __all__ = ["atomic_dir", "atomic_path"]
 
@@ -21,19 +22,84 @@ def _umask() -> int:
     return mask
 
 
+#: Temporary names carry the writing process's id, so a later write can tell stale ones.
+_TEMP = ".{name}.tg-{pid}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_stale(destination: Path) -> None:
+    """Remove what killed writes to ``destination`` left beside it (their process is gone)."""
+    prefix = f".{destination.name}.tg-"
+    for leftover in destination.parent.glob(f"{glob.escape(prefix)}*"):
+        pid = leftover.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if leftover.is_dir() and not leftover.is_symlink():
+                old = leftover / "old"  # killed between moving the old folder out and the new in
+                if old.exists() and not destination.exists():
+                    os.replace(old, destination)
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _writing(destination: Path) -> Iterator[None]:
+    """Turn a failed write (full disk, read-only folder...) into an error naming it."""
+    try:
+        yield
+    except TorchgraftError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CheckpointWriteError(f"cannot write it: {reason}; an existing file there is "
+                                   "left as it was", path=destination) from exc
+
+
 def _writable(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
     """The destination as a Path, its folder created; an error if it exists and may not go."""
     destination = Path(path)
     if destination.exists() and not overwrite:
         raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
                               "replace it", path=destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
+    with _writing(destination):
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        _clean_stale(destination)
     return destination
+
+
+def _commit(temporary: Path, destination: Path, *, overwrite: bool) -> None:
+    """Move the finished file into place: replacing, or only if nothing is there yet."""
+    if overwrite:
+        os.replace(temporary, destination)
+        return
+    try:
+        os.link(temporary, destination)  # atomic: fails if another writer got there first
+    except FileExistsError:
+        raise TorchgraftError("already exists (written meanwhile by another process); pass "
+                              "overwrite=True to replace it", path=destination) from None
+    except OSError:  # a filesystem without hard links
+        if destination.exists():
+            raise TorchgraftError("already exists; pass overwrite=True to replace it",
+                                  path=destination) from None
+        os.replace(temporary, destination)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is fsynced and renamed over it.
+    """Yield a temporary path beside ``path``; on success it is fsynced and moved over it.
+
+    With ``overwrite=False`` the move is exclusive: of two processes saving to one path, one
+    succeeds and the other raises. A killed write leaves a ``.<name>.tg-<pid>-*.tmp`` file,
+    removed by the next write to the same destination.
 
     Args:
         path: The destination.
@@ -44,23 +110,26 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
 
     Raises:
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
+        CheckpointWriteError: If the file cannot be written; the old one is left as it was.
     """
     destination = _writable(path, overwrite=overwrite)
-    fd, name = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".tmp",
-                                dir=destination.parent)
-    os.close(fd)
+    with _writing(destination):
+        fd, name = tempfile.mkstemp(prefix=_TEMP.format(name=destination.name, pid=os.getpid()),
+                                    suffix=".tmp", dir=destination.parent)
+        os.close(fd)
     temporary = Path(name)
     try:
-        yield temporary
-        with temporary.open("rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
-        os.replace(temporary, destination)
-        directory = os.open(destination.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        with _writing(destination):
+            yield temporary
+            with temporary.open("rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(temporary, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
+            _commit(temporary, destination, overwrite=overwrite)
+            directory = os.open(destination.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
     finally:
         temporary.unlink(missing_ok=True)
 
@@ -78,15 +147,23 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iter
 
     Raises:
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
+        CheckpointWriteError: If it cannot be written; the old one is left as it was.
     """
     destination = _writable(path, overwrite=overwrite)
-    work = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    with _writing(destination):
+        work = Path(tempfile.mkdtemp(prefix=_TEMP.format(name=destination.name,
+                                                         pid=os.getpid()),
+                                     dir=destination.parent))
     temporary = work / "new"
     try:
-        yield temporary
-        if destination.exists():
-            old = work / "old"
-            os.replace(destination, old)
-        os.replace(temporary, destination)
+        with _writing(destination):
+            yield temporary
+            if destination.exists():
+                if not overwrite:
+                    raise TorchgraftError("already exists (written meanwhile by another "
+                                          "process); pass overwrite=True to replace it",
+                                          path=destination)
+                os.replace(destination, work / "old")
+            os.replace(temporary, destination)
     finally:
         shutil.rmtree(work, ignore_errors=True)

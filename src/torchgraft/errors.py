@@ -8,6 +8,7 @@ from pathlib import Path
 
 __all__ = [
     "CheckpointNotFoundError",
+    "CheckpointWriteError",
     "CorruptCheckpointError",
     "DeviceError",
     "MissingDependencyError",
@@ -64,6 +65,13 @@ class TorchgraftError(Exception):
 
 class CheckpointNotFoundError(TorchgraftError):
     """The path does not exist, or a directory holds no checkpoint."""
+
+
+class CheckpointWriteError(TorchgraftError):
+    """A checkpoint could not be written (full disk, read-only folder, no permission...).
+
+    The destination is named; an existing checkpoint there is left as it was.
+    """
 
 
 class UnknownFormatError(TorchgraftError):

@@ -8,6 +8,7 @@ entries; reading a tensor assembles it from its chunks, whichever rank wrote the
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
         if (fqn, chunks[-1][0]) not in storage.items:
             raise CorruptCheckpointError(f"chunk {chunks[-1][0]} of '{fqn}' has no stored data",
                                          path=metadata_path)
+    _check_cover(fqn, size, chunks, metadata_path)
 
     def read() -> torch.Tensor:
         out = torch.empty(size, dtype=dtype)
@@ -107,6 +109,26 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
         return out
 
     return TensorRef(TensorMeta.of(size, dtype), read)
+
+
+def _check_cover(fqn: str, size: tuple[int, ...],
+                 chunks: list[tuple[tuple[int, ...], tuple[int, ...]]], path: Path) -> None:
+    """Chunks must lie inside their tensor and cover it exactly: no element left unwritten."""
+    for offsets, sizes in chunks:
+        if len(offsets) != len(size) or len(sizes) != len(size) or any(
+                o < 0 or n < 0 or o + n > d for o, n, d in zip(offsets, sizes, size, strict=True)):
+            raise CorruptCheckpointError(f"chunk {offsets} {sizes} of '{fqn}' lies outside its "
+                                         f"{size} tensor", path=path)
+    covered = sum(math.prod(sizes) for _, sizes in chunks)
+    overlap = any(
+        all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2, strict=True))
+        for k, (o1, s1) in enumerate(chunks) for o2, s2 in chunks[k + 1:]
+        if math.prod(s1) and math.prod(s2)) if len(chunks) <= 4096 else False
+    if covered != math.prod(size) or overlap:
+        raise CorruptCheckpointError(
+            f"the chunks of '{fqn}' cover {covered} of its {math.prod(size)} elements"
+            + (" and overlap" if overlap else "") + ": the rest would be uninitialised memory",
+            path=path)
 
 
 def _nest(flat: dict[str, Any], planner_data: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource, MemorySource, strided
-from .torch_zip import first_zip_entry, zip_data_offset
+from .torch_zip import first_zip_entry, read_member, zip_data_offset
 
 __all__ = ["NPY_FORMAT", "NPZ_FORMAT"]
 
@@ -102,7 +102,9 @@ def _open_npz(path: Path, options: ReadOptions) -> Contents:
                 offset = zip_data_offset(source, info) + header_size
                 root[name] = _array_ref(source, offset, shape, fortran, dtype, name)
             else:
-                data = archive.read(info)
+                nbytes = header_size + math.prod(shape) * dtype.itemsize
+                data = read_member(archive, info, nbytes, what=f"member '{info.filename}'",
+                                   path=str(path))
                 root[name] = _array_ref(MemorySource(data, f"{path}:{info.filename}"),
                                         header_size, shape, fortran, dtype, name)
     return Contents("numpy", path, root, [source.close])

@@ -72,6 +72,8 @@ class ByteSource:
             raise CorruptCheckpointError(
                 f"{what} holds {nbytes} bytes, not a whole number of {dtype} elements",
                 path=self.name)
+        if not nbytes:
+            return torch.empty(0, dtype=dtype)  # an empty tensor: no bytes to map
         raw = self._raw(offset, nbytes)
         if raw.storage_offset() % itemsize:
             raw = raw.clone()

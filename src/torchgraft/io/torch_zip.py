@@ -21,7 +21,8 @@ from .base import Contents, Format, ReadOptions, WriteJob
 from .source import ByteSource, FileSource, MemorySource
 from .torch_storage import Storage, StorageTensors
 
-__all__ = ["FORMAT", "first_zip_entry", "read_archive", "read_blob", "write", "zip_data_offset"]
+__all__ = ["FORMAT", "MAX_PICKLE_BYTES", "first_zip_entry", "read_archive", "read_blob",
+           "read_member", "write", "zip_data_offset"]
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -84,8 +85,44 @@ class _ArchiveTensors(StorageTensors):
         if info.compress_type == zipfile.ZIP_STORED:
             return super().read_flat(storage, dtype)
         nbytes = storage.numel * storage.dtype.itemsize
-        data = self.archive.read(info)[:nbytes]
+        data = read_member(self.archive, info, nbytes, what=f"storage '{storage.key}'",
+                           path=self.source.name)
         return MemorySource(data, self.source.name).array(0, nbytes, dtype)
+
+
+#: Deflate expands at most about 1032 times; a member claiming more is a bomb.
+_MAX_RATIO = 1032
+#: A data.pkl holds names, shapes and small extras; it may expand this much before it is refused.
+MAX_PICKLE_BYTES = 256 * 1024 * 1024
+
+
+def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, nbytes: int, *, what: str,
+                path: str) -> bytes:
+    """Read the first ``nbytes`` of a zip member, refusing sizes its compressed data cannot hold.
+
+    Nothing beyond ``nbytes`` is decompressed, so a zip bomb costs at most what the caller
+    needs, and that is checked against the member's compressed size first.
+
+    Args:
+        archive: The open archive.
+        info: The member.
+        nbytes: How many bytes the caller needs (a tensor's size, a pickle's limit).
+        what: The member, for errors.
+        path: The archive's file, for errors.
+
+    Returns:
+        The bytes (fewer if the member is shorter).
+
+    Raises:
+        CorruptCheckpointError: If the member cannot hold that many bytes.
+    """
+    if info.compress_type != zipfile.ZIP_STORED and \
+            min(nbytes, info.file_size) > _MAX_RATIO * max(info.compress_size, 1):
+        raise CorruptCheckpointError(
+            f"{what} claims {info.file_size} bytes from {info.compress_size} compressed: a zip "
+            "bomb, refused", path=path)
+    with archive.open(info) as member:
+        return member.read(nbytes)
 
 
 def zip_data_offset(source: ByteSource, info: zipfile.ZipInfo) -> int:
@@ -139,7 +176,14 @@ def read_archive(source: ByteSource, stream: IO[bytes], *, unsafe: bool) -> tupl
         raise UnsupportedCheckpointError("big-endian torch checkpoints are not read yet",
                                          path=source.name)
     factory = _ArchiveTensors(source, archive, prefix)
-    root = safe_load(archive.read(pickles[0]), path=source.name, unsafe=unsafe, factory=factory)
+    info = archive.getinfo(pickles[0])
+    if info.file_size > MAX_PICKLE_BYTES:
+        archive.close()
+        raise CorruptCheckpointError(f"data.pkl claims {info.file_size} bytes: more than any "
+                                     f"checkpoint's metadata ({MAX_PICKLE_BYTES})",
+                                     path=source.name)
+    data = read_member(archive, info, MAX_PICKLE_BYTES, what="data.pkl", path=source.name)
+    root = safe_load(data, path=source.name, unsafe=unsafe, factory=factory)
     return root, archive
 
 
