@@ -13,11 +13,13 @@ Reading never runs code from the file, and reads tensor bytes only when they are
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
-from .checkpoint import Checkpoint, open
-from .convert import ConvertReport, convert
-from .diff import DiffReport, diff
+from ._version import __version__
 from .errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -30,13 +32,18 @@ from .errors import (
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
 )
-from .graft import GraftError, GraftReport, graft, unwrap
-from .inspect import CheckpointInfo, inspect
-from .load import load
-from .meta import TensorMeta
-from .onnx_export import ExportReport, export_onnx
-from .save import save
-from .seed import seed_everything
+
+if TYPE_CHECKING:
+    from .checkpoint import Checkpoint, open
+    from .convert import ConvertReport, convert
+    from .diff import DiffReport, diff
+    from .graft import GraftError, GraftReport, graft, unwrap
+    from .inspect import CheckpointInfo, inspect
+    from .load import load
+    from .meta import TensorMeta
+    from .onnx_export import ExportReport, export_onnx
+    from .save import save
+    from .seed import seed_everything
 
 __all__ = [
     "Checkpoint",
@@ -57,6 +64,7 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "__version__",
     "convert",
     "diff",
     "export_onnx",
@@ -69,6 +77,44 @@ __all__ = [
     "unwrap",
 ]
 
-__version__ = "0.1.0"
+# Where each public name lives: torch is imported on first use, not by ``import torchgraft``
+# (so ``torchgraft --help`` starts at once).
+_LAZY = {
+    "Checkpoint": "checkpoint", "open": "checkpoint", "ConvertReport": "convert",
+    "convert": "convert", "DiffReport": "diff", "diff": "diff", "GraftError": "graft",
+    "GraftReport": "graft", "graft": "graft", "unwrap": "graft", "CheckpointInfo": "inspect",
+    "inspect": "inspect", "load": "load", "TensorMeta": "meta", "ExportReport": "onnx_export",
+    "export_onnx": "onnx_export", "save": "save", "seed_everything": "seed",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchgraft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """This package's module, keeping public functions visible over their modules.
+
+    Importing the subpackage ``torchgraft.graft`` must not hide the function ``tg.graft``, as
+    Python's import system would by setting the attribute.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and name in _LAZY and name in __all__:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 logging.getLogger("torchgraft").addHandler(logging.NullHandler())

@@ -84,3 +84,34 @@ def test_usage_errors_exit_2(run: Run) -> None:
     assert run("inspect").returncode == 2
     assert run("frobnicate").returncode == 2
     assert run("--help").returncode == 0
+
+
+def test_help_and_version_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom torchgraft.cli.main import main\n"
+            "for args in (['--help'], ['--version']):\n"
+            "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().endswith("False"), out.stdout
+    assert "graft" in out.stdout and "0.1.0" in out.stdout
+
+
+def test_every_listed_command_exists_with_that_help() -> None:
+    import click
+
+    from torchgraft.cli.main import COMMANDS, cli
+
+    for name, (_module, _function, short) in COMMANDS.items():
+        command = cli.get_command(click.Context(cli), name)
+        assert command is not None and command.name == name
+        assert (command.help or "").splitlines()[0].strip() == short, name
+
+
+def test_debug_works_after_the_command(run: Run, tmp_path: Path) -> None:
+    result = run("inspect", str(tmp_path / "missing.pt"), "--debug")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "no such file" in result.stderr

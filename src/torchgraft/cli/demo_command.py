@@ -42,7 +42,7 @@ def _open_example(example: Example) -> dict[str, Any]:
               help="Write the example checkpoints here (default: a temporary folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def demo(directory: Path | None, as_json: bool) -> int:
-    """Write example checkpoints of the seed scenarios, open each one, then graft them.
+    """A guided tour: example checkpoints opened and grafted.
 
     Every file is read without running code from it and loaded on this machine's CPU,
     whatever device it was saved on; then checkpoints go into models that differ from them.

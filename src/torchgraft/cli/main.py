@@ -2,47 +2,85 @@
 
 Exit codes: 0 ok, 1 the work is incomplete (a graft left keys missing, a diff found
 differences), 2 bad input (missing file, unknown format, corrupt or unsafe file, bad
-arguments). Errors are one line on stderr naming the file; ``--debug`` adds the traceback.
+arguments). Errors are one line on stderr naming the file; ``--debug`` (anywhere on the line)
+adds the traceback.
+
+Commands are imported when they run, not to list them: ``torchgraft --help``, ``--version``
+and tab completion never import torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import traceback
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..errors import TorchgraftError
-from .convert_command import convert_command
-from .demo_command import demo
-from .diff_command import diff_command
-from .export_command import export_command
-from .graft_command import graft_command
-from .inspect_command import inspect
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "cli", "main"]
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_OK", "LazyGroup", "cli", "main"]
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+# Command name to (module, function, one-line help): imported only when the command runs.
+COMMANDS = {
+    "inspect": ("inspect_command", "inspect",
+                "Show a checkpoint's format, devices, wrappers, totals, extras and tensors."),
+    "graft": ("graft_command", "graft_command",
+              "Graft SOURCE (any checkpoint) into a model and save the result."),
+    "diff": ("diff_command", "diff_command",
+             "Compare the weights of checkpoints A and B (any formats)."),
+    "convert": ("convert_command", "convert_command",
+                "Convert checkpoint SRC (any format) to DST, one tensor in memory at a time."),
+    "export": ("export_command", "export_command",
+               "Build MODULE:FACTORY, graft --checkpoint into it, and export it to ONNX."),
+    "demo": ("demo_command", "demo", "A guided tour: example checkpoints opened and grafted."),
+}
+
+
+class LazyGroup(click.Group):
+    """A command group that imports a command's module only when that command runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """The command names, without importing any command."""
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """Import and return one command."""
+        if cmd_name not in COMMANDS:
+            return None
+        module, name, _help = COMMANDS[cmd_name]
+        command = getattr(importlib.import_module(f".{module}", __package__), name)
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands in ``--help`` from their one-line help, importing none."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_m, _n, short) in COMMANDS.items()])
+
+    def shell_complete(self, ctx: click.Context,
+                       incomplete: str) -> list[click.shell_completion.CompletionItem]:
+        """Complete command names from the table, importing none."""
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(name, help=short) for name, (_m, _n, short) in COMMANDS.items()
+                if name.startswith(incomplete)]
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs (anywhere on "
+                                            "the line).")
 @click.version_option(__version__, prog_name="torchgraft")
 def cli(debug: bool) -> None:
     """Get any PyTorch checkpoint into any model."""
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-
-
-cli.add_command(inspect)
-cli.add_command(graft_command)
-cli.add_command(diff_command)
-cli.add_command(convert_command)
-cli.add_command(export_command)
-cli.add_command(demo)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         The exit code.
     """
     args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    if debug:  # accepted anywhere: moved before the command, where the group reads it
+        args = ["--debug", *(a for a in args if a != "--debug")]
     try:
         result = cli.main(args=args, prog_name="torchgraft", standalone_mode=False)
     except TorchgraftError as exc:
-        if "--debug" in args:
+        if debug:
             traceback.print_exc()
         click.echo(f"torchgraft: error: {exc}", err=True)
         return EXIT_BAD_INPUT
