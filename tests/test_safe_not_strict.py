@@ -85,6 +85,7 @@ def test_opening_a_file_imports_nothing(tmp_path: Path) -> None:
     crafted.write_bytes(b"ctorch.serialization\n_get_layout\n(S'_inductor'\ntR.")
     code = ("import sys, torchgraft as tg\n"
             f"tg.open({str(path)!r}).close()\n"
+            f"tg.load({str(path)!r})\n"
             "before = set(sys.modules)\n"
             f"try:\n    tg.load({str(crafted)!r})\nexcept tg.TorchgraftError:\n    pass\n"
             "new = sorted(set(sys.modules) - before)\n"
