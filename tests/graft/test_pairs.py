@@ -342,3 +342,18 @@ def test_paddle_resnet_into_transformers_resnet(tmp_path: Path) -> None:
     assert report.adapted["classifier.1.weight"].startswith("transposed")
     with torch.no_grad():
         _close(target(torch.from_numpy(x)).logits, expected)
+
+
+def test_meta_target_weights_are_writable_and_the_file_untouched(tmp_path: Path) -> None:
+    source = {"weight": torch.randn(4, 3), "bias": torch.randn(4)}
+    path = tmp_path / "linear.safetensors"
+    tg.save(source, path)
+    before = path.read_bytes()
+    with torch.device("meta"):
+        target = nn.Linear(3, 4)
+    assert tg.graft(path, target).ok
+    with torch.no_grad():
+        target.weight.add_(1.0)  # as an optimizer step would
+    assert torch.equal(target.weight, source["weight"] + 1.0)
+    assert path.read_bytes() == before
+    assert torch.equal(tg.load(path)["weight"], source["weight"])

@@ -105,6 +105,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key)
+    assigned: set[str] = set()
     try:
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
         try:
@@ -119,9 +120,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             where = torch.device(device) if device is not None else default_device(target)
             zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
                 k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
-            materialise(target, [s.target for s in plan.steps], where, zeroed=zeroed)
+            as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
+                         if not s.ops and not s.cast and where.type == "cpu"}
+            assigned = materialise(target, [s.target for s in plan.steps], where,
+                                   zeroed=zeroed, values=as_stored)
         state = target.state_dict(keep_vars=True)
-        execute_plan(plan, opened.refs, state, progress=progress)
+        execute_plan(plan, opened.refs, state, progress=progress, assigned=assigned)
     finally:
         opened.close()
     report = GraftReport.from_plan(plan)

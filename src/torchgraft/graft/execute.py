@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -17,7 +17,8 @@ logger = logging.getLogger("torchgraft")
 
 
 def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor], *,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 assigned: Collection[str] = ()) -> None:
     """Fill the target tensors in place, one at a time; give re-initialised ones fresh values.
 
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
@@ -28,11 +29,14 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         refs: Source key to lazy tensor.
         targets: Target key to the model's parameter or buffer (filled in place).
         progress: Called with (tensors done, total) after each tensor.
+        assigned: Target keys already holding their checkpoint values (on a meta model).
     """
     with torch.no_grad():
         for done, step in enumerate(plan.steps, start=1):
             ref, out = refs[step.source], targets[step.target]
-            if step.ops:
+            if step.target in assigned:
+                pass
+            elif step.ops:
                 tensor = ref.read()
                 for op in step.ops:
                     tensor = op.apply(tensor, out.detach().cpu())

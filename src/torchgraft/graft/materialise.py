@@ -3,13 +3,14 @@
 A model built under ``with torch.device("meta")`` has shapes but no memory; copying into a
 meta tensor does nothing. Each tensor a graft fills gets new storage on the chosen device,
 installed in every module that holds it (ties stay tied), as an ``nn.Parameter`` with its
-``requires_grad`` where it was one. The graft then reads the checkpoint straight into it.
+``requires_grad`` where it was one. A tensor copied as it is stored becomes the checkpoint's
+own (memory-mapped where the format allows); the others are read into new storage.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -47,7 +48,8 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[dict[str, Any], str]]]:
 
 
 def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
-                zeroed: Iterable[str] = ()) -> None:
+                zeroed: Iterable[str] = (),
+                values: Mapping[str, Callable[[], torch.Tensor]] | None = None) -> set[str]:
     """Give real storage to the meta tensors among ``keys`` (state-dict names).
 
     Args:
@@ -55,22 +57,35 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
         keys: The state-dict keys a graft fills; those on meta get uninitialised storage.
         device: Where the new storage goes.
         zeroed: Keys whose new storage starts as zeros (adapted or defaulted tensors).
+        values: Keys whose storage is the checkpoint's own tensor, as read (a memory-mapped
+            view of the file where the format allows: no copy at all), like
+            ``load_state_dict(assign=True)``.
+
+    Returns:
+        The keys given their checkpoint values: nothing more to read for them.
     """
     state = model.state_dict(keep_vars=True)
     holders = _holders(model)
     zero = set(zeroed)
+    values = values or {}
     done: set[int] = set()
+    assigned: set[str] = set()
     for key in [*keys, *zero]:
         old = state.get(key)
         if old is None or not old.is_meta or id(old) in done:
             continue
         done.add(id(old))
-        make = torch.zeros if key in zero else torch.empty
-        new = make(old.shape, dtype=old.dtype, device=device)
+        if key in values:
+            new = values[key]()
+            assigned.add(key)
+        else:
+            make = torch.zeros if key in zero else torch.empty
+            new = make(old.shape, dtype=old.dtype, device=device)
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(new, requires_grad=old.requires_grad)
         for store, name in holders.get(id(old), ()):
             store[name] = new
+    return assigned
 
 
 def still_on_meta(model: nn.Module) -> list[str]:

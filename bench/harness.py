@@ -1,0 +1,38 @@
+"""What the benches share: fresh worker processes, a warm page cache, medians.
+
+Peak RSS is a process's high-water mark and a child inherits its parent's, so each side of a
+comparison runs in its own fresh process and the parent never holds the weights. The file is
+read once before each run, so both sides start with it in the page cache.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["median_of", "warm", "worker"]
+
+
+def warm(path: Path) -> None:
+    """Read a file (or every file in a folder) so that it is in the page cache."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        with file.open("rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def worker(script: str, *args: str) -> dict[str, Any]:
+    """Run ``script --worker ...`` in a fresh process; return the JSON it printed last."""
+    out = subprocess.run([sys.executable, script, "--worker", *args], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def median_of(runs: list[dict[str, Any]], *keys: str) -> dict[str, float]:
+    """The median of each key over several runs."""
+    return {key: statistics.median(float(r[key]) for r in runs) for key in keys}

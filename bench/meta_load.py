@@ -1,0 +1,96 @@
+"""Build on the meta device and load, end to end: torchgraft vs the expert way, side by side.
+
+Target (the performance issue, 2): ``tg.graft`` into a model built under
+``torch.device("meta")`` at most 1.0x the wall time of the expert way, meta model +
+``torch.load(path, mmap=True, weights_only=True)`` + ``load_state_dict(state, assign=True)``,
+with the weights real and readable afterwards: the time runs until every weight has been read
+once (a checksum, which must agree between the sides; mmap defers reading to it). The
+checkpoint holds 256 ``nn.Linear(1024, 1024)`` weights (1 GiB). Each side: fresh process, page
+cache warmed first, median of ``--repeat`` runs, alternating sides.
+
+Run: python bench/meta_load.py [--layers 256] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/inspect.py would shadow the standard library's inspect (imported by torch): bench/
+# goes last on the path, after the standard library.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] + [_HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from harness import median_of, warm, worker  # noqa: E402
+
+METHODS = ("expert", "torchgraft")
+
+
+def build(layers: int) -> nn.Module:
+    return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
+
+
+def load(method: str, path: Path, layers: int) -> dict[str, float]:
+    import torchgraft as tg
+
+    graft = tg.graft  # imported before the clock starts, as torch is
+    start = time.perf_counter()
+    with torch.device("meta"):
+        model = build(layers)
+    if method == "expert":
+        model.load_state_dict(torch.load(path, mmap=True, weights_only=True), assign=True)
+    else:
+        assert graft(path, model, strict=True).ok
+    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
+    seconds = time.perf_counter() - start  # end to end: every weight read once
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "peak_rss": peak, "checksum": checksum}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--worker", nargs=2, metavar=("METHOD", "PATH"))
+    args = parser.parse_args()
+    if args.worker:
+        method, path = args.worker
+        if method == "make":
+            torch.manual_seed(0)
+            torch.save(build(args.layers).state_dict(), path)
+            print("{}")
+        else:
+            print(json.dumps(load(method, Path(path), args.layers)))
+        return
+    with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
+        path = Path(tmp) / "linears.pt"
+        worker(__file__, "make", str(path), "--layers", str(args.layers))
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+        for _ in range(args.repeat):
+            for method in METHODS:
+                warm(path)
+                runs[method].append(worker(__file__, method, str(path), "--layers",
+                                           str(args.layers)))
+    sums = {m: {r["checksum"] for r in rs} for m, rs in runs.items()}
+    assert len(sums["expert"]) == 1 and sums["expert"] == sums["torchgraft"], sums
+    result = {m: median_of(rs, "seconds", "peak_rss") for m, rs in runs.items()}
+    gib = 2**30
+    for label, method in (("meta + torch.load(mmap=True) + load_state_dict(assign=True)",
+                           "expert"), ("meta + tg.graft(path, model)", "torchgraft")):
+        r = result[method]
+        print(f"{label:<62} {r['seconds']:6.3f} s  peak RSS {r['peak_rss'] / gib:5.2f} GiB")
+    ratio = result["torchgraft"]["seconds"] / result["expert"]["seconds"]
+    print(f"time ratio {ratio:.2f} (target <= 1.0): {'met' if ratio <= 1.0 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
