@@ -1,4 +1,4 @@
-"""Example checkpoints for the seed scenarios, written by the real libraries for the demo."""
+"""Example checkpoints of the problems torchgraft solves, written by the real libraries."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ __all__ = ["Example", "GraftStep", "LeNet", "LeNetBN", "graft_tour", "write_exam
 
 
 class LeNet(nn.Module):
-    """The LeNet of the seed documents: 3x32x32 input, 10 classes."""
+    """A LeNet: 3x32x32 input, 10 classes."""
 
     def __init__(self, num_classes: int = 10, in_chans: int = 3) -> None:
         super().__init__()
@@ -88,7 +88,7 @@ class Example:
 
     Attributes:
         title: A one-line description.
-        problem: The problem from the seed documents that it shows.
+        problem: The problem it shows, in a user's words.
         path: Where it was written.
         expect_refusal: True for the file that must be refused (a code payload).
     """
@@ -151,7 +151,7 @@ def _dcp(state: dict[str, torch.Tensor], directory: Path) -> Path:
 
 
 def write_examples(directory: Path) -> list[Example]:
-    """Write one checkpoint per seed scenario into ``directory``.
+    """Write one checkpoint per problem into ``directory``.
 
     Args:
         directory: An existing, empty folder.
@@ -182,18 +182,18 @@ def write_examples(directory: Path) -> list[Example]:
         pickle.dump({"conv1.weight": state["conv1.weight"].numpy(), "hook": _Payload()}, f)
     return [
         Example("DataParallel state dict saved on cuda:1",
-                "seeds 000-003: 'module.' prefixes; 'Attempting to deserialize object on a "
-                "CUDA device'", d / "dataparallel_cuda1.pth"),
+                "trained on several GPUs, loaded on a CPU: 'module.' prefixes; 'Attempting to "
+                "deserialize object on a CUDA device'", d / "dataparallel_cuda1.pth"),
         Example("training checkpoint (epoch, state_dict, optimizer)",
-                "seed 003: myfile.pth.tar with nested weights", d / "myfile.pth.tar"),
-        Example("legacy (non-zip) file from a GPU", "seed 004: files for PyTorch < 1.6",
+                "myfile.pth.tar: weights nested in a training checkpoint", d / "myfile.pth.tar"),
+        Example("legacy (non-zip) file from a GPU", "a file for PyTorch < 1.6, from a GPU",
                 d / "from_pytorch_1_7_legacy.pth"),
-        Example("whole pickled model whose class is gone", "seed 003: torch.load(path) of a "
-                "whole model fails without its code", d / "whole_model.pt"),
+        Example("whole pickled model whose class is gone", "torch.load(path) of a whole model "
+                "fails without its code", d / "whole_model.pt"),
         Example("safetensors", "weights from the Hugging Face world", d / "lenet.safetensors"),
         Example("sharded safetensors with an index", "sharded checkpoints", index),
-        Example("torch.distributed.checkpoint directory", "seed 004: multi-GPU runs", dcp_dir),
-        Example("PaddlePaddle .pdparams (paddle not needed)", "seed 004: paddle weights to "
+        Example("torch.distributed.checkpoint directory", "a checkpoint written by several GPUs", dcp_dir),
+        Example("PaddlePaddle .pdparams (paddle not needed)", "PaddlePaddle weights for "
                 "PyTorch", d / "lenet_bn.pdparams"),
         Example("NumPy .npz", "weights kept as arrays", d / "lenet.npz"),
         Example("pickle with a code payload", "safety: opening never runs code from the file",
@@ -207,7 +207,7 @@ class GraftStep:
 
     Attributes:
         title: A one-line description.
-        problem: The problem from the seed documents that it solves.
+        problem: The problem it solves, in a user's words.
         report: The graft report.
         check: What was compared, and the result.
         passed: Whether the check passed.
@@ -245,18 +245,18 @@ def graft_tour(directory: Path) -> list[GraftStep]:
         paddle_x, paddle_logits = (torch.from_numpy(paddle_io[k]) for k in ("x", "logits"))
     cases = [
         ("DataParallel checkpoint saved on cuda:1 -> bare LeNet on this CPU",
-         "seeds 000-003: strip 'module.' and map cuda:1 to the CPU, in one call",
+         "strip 'module.' and map cuda:1 to the CPU, in one call",
          "dataparallel_cuda1.pth", LeNet(), x, expected, "outputs equal the trained model's"),
         ("pretrained LeNet -> a 4-channel, 21-class variant",
-         "seeds 001/003: new first conv and a new head; label_map keeps the 10 known classes",
+         "a new first conv and a new head; label_map keeps the 10 known classes",
          "lenet.safetensors", LeNet(num_classes=21, in_chans=4), x_rgbd, expected,
          "with the 4th channel zero, its first 10 logits equal the pretrained model's"),
-        ("PaddlePaddle LeNet-BN .pdparams -> PyTorch", "seed 004: paddle weights to PyTorch",
+        ("PaddlePaddle LeNet-BN .pdparams -> PyTorch", "PaddlePaddle weights to PyTorch",
          "lenet_bn.pdparams", LeNetBN(), paddle_x, paddle_logits,
          "logits equal those Paddle computed (BatchNorm statistics renamed, Linear weights "
          "transposed; paddle not needed)"),
         ("LeNet rewritten as nn.Sequential: no name in common",
-         "seeds 000/003: the layers were renamed", "whole_model.pt", _sequential_lenet(), x,
+         "the layers were renamed", "whole_model.pt", _sequential_lenet(), x,
          expected, "matched by structure; outputs equal the trained model's"),
     ]
     label_maps: dict[str, list[int]] = {"lenet.safetensors": list(range(10))}

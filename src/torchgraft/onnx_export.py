@@ -67,8 +67,8 @@ def export_onnx(model: nn.Module, example_inputs: Any, path: str | os.PathLike[s
     """Export a model to ONNX (in eval mode), check it, and compare onnxruntime with PyTorch.
 
     DataParallel, DDP and torch.compile wrappers are stripped first. The TorchScript-based
-    exporter is used, which supports the old opsets TensorRT 5-era tools need (9, as the seed
-    documents use) up to 20.
+    exporter is used, which supports the old opsets TensorRT 5-era tools need (9, as older
+    deployment guides use) up to 20.
 
     Args:
         model: The model.

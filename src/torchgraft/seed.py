@@ -19,7 +19,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
         deterministic: Also make torch choose deterministic kernels:
             ``torch.use_deterministic_algorithms(True)``, cuDNN ``deterministic=True`` and
             ``benchmark=False``, and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (needed by cuBLAS).
-            Slower, as the seed documents warn; an operation with no deterministic kernel then
+            Slower, as cuDNN's documentation warns; an operation with no deterministic kernel then
             raises instead of varying.
     """
     os.environ["PYTHONHASHSEED"] = str(seed)

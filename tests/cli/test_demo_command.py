@@ -1,4 +1,4 @@
-"""``torchgraft demo``: every seed scenario opens, loads on this CPU machine, and grafts."""
+"""``torchgraft demo``: every example opens, loads on this CPU machine, and grafts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``torchgraft demo``: the seed scenarios, written as real checkpoints, opened and grafted."""
+"""``torchgraft demo``: everyday checkpoint problems, written as real files, opened and grafted."""
 
 from __future__ import annotations
 
