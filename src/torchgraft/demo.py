@@ -192,7 +192,8 @@ def write_examples(directory: Path) -> list[Example]:
                 "fails without its code", d / "whole_model.pt"),
         Example("safetensors", "weights from the Hugging Face world", d / "lenet.safetensors"),
         Example("sharded safetensors with an index", "sharded checkpoints", index),
-        Example("torch.distributed.checkpoint directory", "a checkpoint written by several GPUs", dcp_dir),
+        Example("torch.distributed.checkpoint directory", "a checkpoint written by several GPUs",
+                dcp_dir),
         Example("PaddlePaddle .pdparams (paddle not needed)", "PaddlePaddle weights for "
                 "PyTorch", d / "lenet_bn.pdparams"),
         Example("NumPy .npz", "weights kept as arrays", d / "lenet.npz"),
