@@ -151,7 +151,7 @@ PAIRS = [
          swap("layers.0.", "layers.1.")),
     Pair("transformers ViT -> timm ViT", hf_vit, timm_vit, IMAGES, HF,
          swap("vit.layers.0.", "vit.layers.1.")),
-    Pair("timm ViT -> transformers ViT", timm_vit, hf_vit, IMAGES, ("module",),
+    Pair("timm ViT -> transformers ViT", timm_vit, hf_vit, IMAGES, ("module", "torch.save"),
          cross("blocks.0.mlp.fc1.", "vit.layers.1.mlp.fc1.", "blocks.1.mlp.fc1.",
                "vit.layers.0.mlp.fc1.")),
     Pair("transformers BERT -> BERT with other names", hf_bert, renamed_bert,

@@ -123,8 +123,8 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtua
                for i in tensors.values()):
             continue
         for leaf, info in tensors.items():
-            for k, names in enumerate(fusion.parts):
-                name = f"{path}[{sorted(names)[0]}].{leaf}"
+            for k in range(count):
+                name = f"{path}[{k}].{leaf}"  # numbered: sorted names keep the order
                 rows = info.shape[0] // count
                 meta = TensorMeta.of((rows, *info.shape[1:]), info.dtype)
                 refs[name] = TensorRef(meta, functools.partial(_slice, refs[info.name], k, count))
