@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from pathlib import Path
 from typing import cast
@@ -80,6 +81,10 @@ class ByteSource:
         return raw.view(dtype)
 
 
+#: Bytes copied from the mapping at a time, then released from the process.
+_CHUNK = 64 * 1024 * 1024
+
+
 class FileSource(ByteSource):
     """A file on disk, memory-mapped privately on first use (copy-on-write, never written back).
 
@@ -92,6 +97,7 @@ class FileSource(ByteSource):
         self.path = path
         self._storage: torch.UntypedStorage | None = None
         self._fd: int | None = None
+        self._map: mmap.mmap | None = None
 
     def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
         """Read bytes with a positioned read, checking the range first."""
@@ -105,7 +111,12 @@ class FileSource(ByteSource):
         return data
 
     def read_into(self, offset: int, out: torch.Tensor, *, what: str = "data") -> None:
-        """Read bytes at ``offset`` straight into a contiguous CPU tensor's memory.
+        """Copy bytes at ``offset`` straight into a contiguous CPU tensor's memory.
+
+        The file is mapped (copy-on-write) and copied in chunks with torch's parallel copy;
+        each chunk's mapped pages are released from this process right after (the page cache
+        keeps them), so reading a model costs one copy of its bytes and no second resident
+        copy.
 
         Args:
             offset: First byte.
@@ -119,16 +130,22 @@ class FileSource(ByteSource):
         self.check_range(offset, nbytes, what=what)
         if nbytes == 0:
             return
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        view = out.detach().reshape(-1).view(torch.uint8).numpy().data
-        done = 0
-        while done < nbytes:
-            count = os.preadv(self._fd, [view[done:]], offset + done)
-            if count <= 0:
-                raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
-                                             path=self.name)
-            done += count
+        if self._map is None:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+        if os.fstat(self._fd or 0).st_size < offset + nbytes:  # a mapped read past EOF crashes
+            raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
+                                         path=self.name)
+        target = out.detach().reshape(-1).view(torch.uint8)
+        for start in range(0, nbytes, _CHUNK):
+            count = min(_CHUNK, nbytes - start)
+            chunk = torch.frombuffer(self._map, dtype=torch.uint8, count=count,
+                                     offset=offset + start)
+            target[start:start + count].copy_(chunk)
+            del chunk
+            page = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, page, offset + start + count - page)
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         storage = self._storage
@@ -142,6 +159,9 @@ class FileSource(ByteSource):
     def close(self) -> None:
         """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
         self._storage = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
