@@ -204,3 +204,16 @@ def test_dcp_chunks_must_cover_their_tensor() -> None:
         _check_cover("w", (4,), [((0,), (3,)), ((2,), (1,))], Path("x"))
     with pytest.raises(tg.CorruptCheckpointError, match="outside"):
         _check_cover("w", (4,), [((3,), (2,))], Path("x"))
+
+
+def test_a_file_that_shrinks_while_open_is_a_clean_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.ones(1024)}, path)
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(1024))
+    with tg.open(path) as ckpt:
+        size = path.stat().st_size
+        with path.open("r+b") as f:
+            f.truncate(size - 2048)
+        with pytest.raises(tg.CorruptCheckpointError, match="shrank"):
+            tg.graft(ckpt, model)
