@@ -1,0 +1,111 @@
+"""Grafting into a built model vs the best specialist loader for the same file, side by side.
+
+Target (the performance issue, 1): ``tg.graft`` at most 1.0x the wall time of
+``safetensors.torch.load_model`` (for a ``.safetensors`` file) and of
+``model.load_state_dict(torch.load(path, mmap=True, weights_only=True))`` (for a ``.pt``
+file), with peak RSS at most 0.6x of theirs. The checkpoint holds 256 ``nn.Linear(1024,
+1024)`` weights (1 GiB). Each method: fresh process, the model built first (not timed), page
+cache warmed before each run, median of ``--repeat`` runs, methods alternating.
+
+Run: python bench/graft_speed.py [--layers 256] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/inspect.py would shadow the standard library's inspect (imported by torch): bench/
+# goes last on the path, after the standard library.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] + [_HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from harness import median_of, warm, worker  # noqa: E402
+
+# Method: (file, label).
+METHODS = {
+    "load_model": ("linears.safetensors", "safetensors.torch.load_model(model, path)"),
+    "graft_safetensors": ("linears.safetensors", "tg.graft(path, model)  (.safetensors)"),
+    "torch_mmap": ("linears.pt", "load_state_dict(torch.load(path, mmap=True))"),
+    "graft_torch": ("linears.pt", "tg.graft(path, model)  (.pt)"),
+}
+
+
+def build(layers: int) -> nn.Module:
+    return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
+
+
+def load(method: str, path: Path, layers: int) -> dict[str, float]:
+    from safetensors.torch import load_model
+
+    import torchgraft as tg
+
+    model = build(layers)
+    graft = tg.graft  # imported before the clock starts, as torch and safetensors are
+    start = time.perf_counter()
+    if method == "load_model":
+        load_model(model, str(path))
+    elif method == "torch_mmap":
+        model.load_state_dict(torch.load(path, mmap=True, weights_only=True))
+    else:
+        assert graft(path, model, strict=True).ok
+    seconds = time.perf_counter() - start
+    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "peak_rss": peak, "checksum": checksum}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--worker", nargs=2, metavar=("METHOD", "PATH"))
+    args = parser.parse_args()
+    if args.worker:
+        method, path = args.worker
+        if method == "make":
+            from safetensors.torch import save_model
+
+            torch.manual_seed(0)
+            model = build(args.layers)
+            save_model(model, str(Path(path) / "linears.safetensors"))
+            torch.save(model.state_dict(), Path(path) / "linears.pt")
+            print("{}")
+        else:
+            print(json.dumps(load(method, Path(path), args.layers)))
+        return
+    with tempfile.TemporaryDirectory(dir=_HERE) as tmp:
+        worker(__file__, "make", tmp, "--layers", str(args.layers))
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+        for _ in range(args.repeat):
+            for method, (file, _label) in METHODS.items():
+                path = Path(tmp) / file
+                warm(path)
+                runs[method].append(worker(__file__, method, str(path), "--layers",
+                                           str(args.layers)))
+    sums = {m: {r["checksum"] for r in rs} for m, rs in runs.items()}
+    assert len(set().union(*sums.values())) == 1, sums
+    result = {m: median_of(rs, "seconds", "peak_rss") for m, rs in runs.items()}
+    gib = 2**30
+    for method, (_file, label) in METHODS.items():
+        r = result[method]
+        print(f"{label:<50} {r['seconds']:6.3f} s  peak RSS {r['peak_rss'] / gib:5.2f} GiB")
+    for ours, theirs in (("graft_safetensors", "load_model"), ("graft_torch", "torch_mmap")):
+        time_ratio = result[ours]["seconds"] / result[theirs]["seconds"]
+        rss_ratio = result[ours]["peak_rss"] / result[theirs]["peak_rss"]
+        met = time_ratio <= 1.0 and rss_ratio <= 0.6
+        print(f"{ours} vs {theirs}: time {time_ratio:.2f} (<= 1.0), RSS {rss_ratio:.2f} "
+              f"(<= 0.6): {'met' if met else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
