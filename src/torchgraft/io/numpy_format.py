@@ -71,6 +71,19 @@ def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran:
     return TensorRef(TensorMeta.of(shape, torch_dtype), read, read_into if direct else None)
 
 
+def _check_size(name: str, stored: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+                source: str) -> None:
+    """Numpy writes exactly the array's bytes after its header: anything else is damage.
+
+    The header's shape is not covered by any checksum that is read, so a damaged shape is
+    caught here rather than loaded as another tensor.
+    """
+    needed = math.prod(shape) * dtype.itemsize
+    if stored != needed:
+        raise CorruptCheckpointError(f"array '{name}' holds {stored} bytes after its header, its "
+                                     f"shape {shape} and dtype {dtype} need {needed}", path=source)
+
+
 def _element_strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...]:
     strides = [0] * len(shape)
     step = 1
@@ -85,6 +98,7 @@ def _open_npy(path: Path, options: ReadOptions) -> Contents:
     with path.open("rb") as f:
         shape, fortran, dtype = _header(f, path.stem, str(path))
         offset = f.tell()
+    _check_size(path.stem, source.size - offset, shape, dtype, str(path))
     root = {path.stem: _array_ref(source, offset, shape, fortran, dtype, path.stem)}
     return Contents("numpy", path, root, [source.close])
 
@@ -98,6 +112,7 @@ def _open_npz(path: Path, options: ReadOptions) -> Contents:
             with archive.open(info) as member:
                 shape, fortran, dtype = _header(member, name, str(path))
                 header_size = member.tell()
+            _check_size(name, info.file_size - header_size, shape, dtype, str(path))
             if info.compress_type == zipfile.ZIP_STORED:
                 offset = zip_data_offset(source, info) + header_size
                 root[name] = _array_ref(source, offset, shape, fortran, dtype, name)
