@@ -220,3 +220,38 @@ def test_written_safetensors_load_in_huggingface_hub(tmp_path: Path, model: Smal
     tg.convert(single, converted)
     assert_same_state(hub.load_state_dict_from_file(converted), model.state_dict(),
                       ordered=False)
+
+
+def _state(value: float) -> dict[str, torch.Tensor]:
+    return {f"layer{i}.weight": torch.full((8, 8), value) for i in range(4)}
+
+
+def test_sharded_overwrite_is_one_commit(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    first = tg.save(_state(1.0), target, max_shard_size=300)
+    assert first[0].name == "model-00001-of-00004.safetensors"
+    second = tg.save(_state(2.0), target, max_shard_size=300, overwrite=True)
+    tagged = [p.name for p in second[:-1]]
+    assert all(n.startswith("model-") and n != f.name for n, f in zip(tagged, first))
+    assert all(torch.equal(v, torch.full((8, 8), 2.0)) for v in tg.load(tmp_path).values())
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([*tagged, "model.safetensors.index.json"])  # old shards removed
+    third = tg.save(_state(3.0), target, max_shard_size=300, overwrite=True)
+    assert third[0].name == "model-00001-of-00004.safetensors"  # the usual names were free
+    with pytest.raises(tg.TorchgraftError, match="already exists"):
+        tg.save(_state(4.0), target, max_shard_size=300)
+
+
+def test_sharded_overwrite_killed_before_its_commit_keeps_the_old(tmp_path: Path) -> None:
+    target = tmp_path / "model.safetensors"
+    tg.save(_state(1.0), target, max_shard_size=300)
+    # A killed overwrite: new shards (tagged) written, the index never replaced.
+    from safetensors.torch import save_file
+
+    for n in range(1, 5):
+        save_file({f"layer{n - 1}.weight": torch.full((8, 8), 9.0)},
+                  tmp_path / f"model-0123abcd-{n:05d}-of-00004.safetensors")
+    assert all(torch.equal(v, torch.full((8, 8), 1.0)) for v in tg.load(tmp_path).values())
+    tg.save(_state(2.0), target, max_shard_size=300, overwrite=True)
+    assert not list(tmp_path.glob("model-0123abcd-*"))  # what the killed write left is gone
+    assert all(torch.equal(v, torch.full((8, 8), 2.0)) for v in tg.load(tmp_path).values())

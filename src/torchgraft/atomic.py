@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,7 +165,27 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iter
                     raise TorchgraftError("already exists (written meanwhile by another "
                                           "process); pass overwrite=True to replace it",
                                           path=destination)
-                os.replace(destination, work / "old")
-            os.replace(temporary, destination)
+                if not _exchange(temporary, destination):
+                    os.replace(destination, work / "old")  # restored by the next write if
+                    os.replace(temporary, destination)    # killed between these two moves
+            else:
+                os.replace(temporary, destination)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``).
+
+    A reader of ``b`` sees the old folder or the new one, never none. False where the system
+    cannot (then the caller moves in two steps).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, exchange = -100, 2
+    return int(renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange)) == 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -96,30 +98,66 @@ def _shards(job: WriteJob, limit: int) -> list[list[str]]:
 
 def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]], *,
                    overwrite: bool) -> list[Path]:
-    """Write shards named as transformers names them, then the index.
+    """Write shards named as transformers names them, then the index, as one commit.
 
-    The index comes last, so it never points at missing shards.
+    The index is the commit point: it is replaced in one step, and only after every shard it
+    names is whole on disk. Shards of an overwrite never replace the old ones in place (that
+    would mix old and new tensors if the write were killed half-way): when the usual names
+    are taken, the new shards get a unique tag in their names (loaders read names from the
+    index). The old shards are removed once the new index is in place, and shards that a
+    killed write left behind, named by no index, by the next write.
     """
     assert fmt.write is not None
+    index = path.with_name(f"{path.name}.index.json")
+    if index.exists() and not overwrite:
+        raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it", path=index)
     stem, suffix = path.name.split(".", 1)
     total = len(groups)
+    old = _indexed_shards(index)
+    _remove_orphans(path.parent, stem, suffix, keep=old)
+    names = [f"{stem}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
+    if any((path.parent / name).exists() for name in names):
+        tag = secrets.token_hex(4)
+        names = [f"{stem}-{tag}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
     weight_map: dict[str, str] = {}
     written = []
-    for number, names in enumerate(groups, start=1):
-        shard = path.with_name(f"{stem}-{number:05d}-of-{total:05d}.{suffix}")
-        part = WriteJob({n: job.tensors[n] for n in names}, job.dtype,
+    for name, keys in zip(names, groups, strict=True):
+        shard = path.with_name(name)
+        part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
                         legacy=job.legacy, progress=job.progress)
-        with atomic_path(shard, overwrite=overwrite) as temporary:
+        with atomic_path(shard) as temporary:
             fmt.write(part, temporary)
-        weight_map.update(dict.fromkeys(names, shard.name))
+        weight_map.update(dict.fromkeys(keys, shard.name))
         written.append(shard)
     total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
                      for n in weight_map)
-    index = path.with_name(f"{path.name}.index.json")
-    with atomic_path(index, overwrite=overwrite) as temporary:
+    with atomic_path(index, overwrite=True) as temporary:
         temporary.write_text(json.dumps({"metadata": {"total_size": total_size, **job.metadata},
                                          "weight_map": weight_map}, indent=2))
+    for stale in old - set(names):
+        (path.parent / stale).unlink(missing_ok=True)
     return [*written, index]
+
+
+def _indexed_shards(index: Path) -> set[str]:
+    """The shard files an existing index names that lie in its folder (none if unreadable)."""
+    if not index.is_file():
+        return set()
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return set()
+    return {name for name in map(str, weight_map.values()) if Path(name).name == name}
+
+
+def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str]) -> None:
+    """Remove tagged shards a killed sharded write left behind (named by no index)."""
+    pattern = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{8}}-\d{{5}}-of-\d{{5}}\."
+                         rf"{re.escape(suffix)}")
+    for file in folder.glob(f"{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}"):
+        if pattern.fullmatch(file.name) and file.name not in keep:
+            file.unlink(missing_ok=True)
 
 
 def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None,
