@@ -115,3 +115,16 @@ def test_debug_works_after_the_command(run: Run, tmp_path: Path) -> None:
     result = run("inspect", str(tmp_path / "missing.pt"), "--debug")
     assert result.returncode == 2
     assert "Traceback" in result.stderr and "no such file" in result.stderr
+
+
+def test_names_from_a_file_are_shown_safely(run: Run, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path = tmp_path / "odd.safetensors"
+    save_file({"[bold red]x[/]": torch.ones(1), "line\nbreak\x1b[31m": torch.ones(1)}, path)
+    result = run("inspect", str(path))
+    assert result.returncode == 0
+    assert "[bold red]x[/]" in result.stdout  # shown as text, not applied as markup
+    assert "line\\nbreak\\x1b[31m" in result.stdout and "\x1b[31m" not in result.stdout
+    missing = run("inspect", str(tmp_path / "no\nsuch.pt"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1

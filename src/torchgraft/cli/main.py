@@ -20,6 +20,7 @@ import click
 
 from .._version import __version__
 from ..errors import TorchgraftError
+from .text import one_line
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_OK", "LazyGroup", "cli", "main"]
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except TorchgraftError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"torchgraft: error: {exc}", err=True)
+        click.echo(f"torchgraft: error: {one_line(str(exc))}", err=True)
         return EXIT_BAD_INPUT
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)

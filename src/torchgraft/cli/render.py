@@ -12,8 +12,21 @@ from rich.table import Table
 from ..graft import GraftReport
 from ..inspect import CheckpointInfo
 from ..meta import dtype_name
+from .text import one_line
 
-__all__ = ["human_bytes", "print_info", "print_json", "print_report"]
+__all__ = ["human_bytes", "print_info", "print_json", "print_report", "safe_text"]
+
+
+def safe_text(text: str) -> str:
+    r"""Text from a file, safe to print: control characters escaped, no rich markup.
+
+    Args:
+        text: A name, value or path read from a checkpoint.
+
+    Returns:
+        The text with ``\n``, ``\x1b`` and the like written out, and ``[`` escaped.
+    """
+    return escape(one_line(text))
 
 
 def human_bytes(n: int) -> str:
@@ -40,7 +53,7 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         limit: Show at most this many tensors; all when ``None``.
     """
     t = info.totals
-    console.print(f"[bold]{escape(str(info.path))}[/bold]")
+    console.print(f"[bold]{safe_text(str(info.path))}[/bold]")
     facts = [
         ("format", info.format),
         ("saved on", ", ".join(info.saved_devices) or "-"),
@@ -57,7 +70,7 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     if others:
         facts.append(("other weights", ", ".join(f"'{k}' ({n})" for k, n in others.items())))
     for key, value in facts:
-        console.print(f"  [cyan]{key:>13}[/cyan]  {escape(str(value))}")
+        console.print(f"  [cyan]{key:>13}[/cyan]  {safe_text(str(value))}")
     if len(info.by_dtype) > 1:
         for name, totals in info.by_dtype.items():
             console.print(f"  {'':>13}  {name}: {totals.tensors} tensors, "
@@ -65,13 +78,14 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     if info.extras:
         text = json.dumps(info.extras, default=str)
         console.print(f"  [cyan]{'extras':>13}[/cyan]  "
-                      f"{text if len(text) <= 300 else text[:297] + '...'}", highlight=False)
+                      f"{safe_text(text if len(text) <= 300 else text[:297] + '...')}",
+                      highlight=False)
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for column in ("name", "shape", "dtype"):
         table.add_column(column)
     shown = info.tensors if limit is None else info.tensors[:limit]
     for name, meta in shown:
-        table.add_row(escape(name), str(tuple(meta.shape)), dtype_name(meta.dtype))
+        table.add_row(safe_text(name), str(tuple(meta.shape)), dtype_name(meta.dtype))
     console.print(table)
     if len(shown) < len(info.tensors):
         console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")
@@ -93,9 +107,9 @@ def print_report(console: Console, report: GraftReport) -> None:
     if report.max_abs_diff is not None:
         console.print(f"  max |output difference| = {report.max_abs_diff:.3g}")
     if report.divergence:
-        console.print(f"  [red]diverged[/red]: {escape(report.divergence)}")
+        console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/yellow]: {escape(warning)}")
+        console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}")
     rows = report.lines()
     if not rows:
         return
@@ -104,5 +118,5 @@ def print_report(console: Console, report: GraftReport) -> None:
         table.add_column(column, overflow="fold")
     for state, key, detail in rows:
         style = _STATUS_STYLE.get(state, "cyan")
-        table.add_row(f"[{style}]{state}[/{style}]", escape(key), escape(detail))
+        table.add_row(f"[{style}]{state}[/{style}]", safe_text(key), safe_text(detail))
     console.print(table)
