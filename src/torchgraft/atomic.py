@@ -55,10 +55,17 @@ def _clean_stale(destination: Path) -> None:
 
 @contextlib.contextmanager
 def _writing(destination: Path) -> Iterator[None]:
-    """Turn a failed write (full disk, read-only folder...) into an error naming it."""
+    """Turn a failed write (full disk, read-only folder...) into an error naming it.
+
+    A writer's error about the temporary file names the destination instead.
+    """
     try:
         yield
-    except TorchgraftError:
+    except TorchgraftError as exc:
+        if exc.path is not None and f"{destination.parent}{os.sep}.{destination.name}.tg-" in \
+                exc.path:
+            exc.path = None
+            exc.located(destination)
         raise
     except (OSError, RuntimeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

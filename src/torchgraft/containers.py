@@ -96,10 +96,26 @@ def _weights_of(obj: Any) -> tuple[dict[str, TensorRef], str | None] | None:
         _module_weights(obj, "", out, set())
         return out, obj.global_name
     if isinstance(obj, dict):
-        tensors = {str(k): v for k, v in obj.items() if isinstance(v, TensorRef)}
-        if tensors and len(tensors) >= len(obj) - len(tensors):
+        tensors: dict[str, TensorRef] = {}
+        held = 0
+        for k, v in obj.items():
+            if isinstance(v, TensorRef):
+                tensors[str(k)] = v
+            elif _is_packed(v):  # a quantized module's (weight, bias) tuple
+                tensors.update((f"{k}.{i}", t) for i, t in enumerate(v) if t is not None)
+            else:
+                continue
+            held += 1
+        if tensors and held >= len(obj) - held:
             return tensors, None
     return None
+
+
+def _is_packed(value: Any) -> bool:
+    """A tuple of tensors as one state-dict entry: quantized modules' ``_packed_params``."""
+    return (isinstance(value, tuple) and 0 < len(value) <= 8
+            and isinstance(value[0], TensorRef)
+            and all(v is None or isinstance(v, TensorRef) for v in value))
 
 
 def _find(obj: Any, path: str, depth: int, found: dict[str, tuple[dict[str, TensorRef],
@@ -183,9 +199,15 @@ def _rest(obj: dict[Any, Any], prefix: str, key: str, weight_sets: dict[str, int
         elif path in weight_sets:
             out[str(name)] = (f"<weights: {weight_sets[path]} tensors; "
                               f"open with weights_key='{path}'>")
-        elif not (isinstance(value, TensorRef) and id(value) in used):
+        elif not _used(value, used):
             out[str(name)] = to_plain(value)
     return out
+
+
+def _used(value: Any, used: set[int]) -> bool:
+    if isinstance(value, TensorRef):
+        return id(value) in used
+    return _is_packed(value) and all(v is None or id(v) in used for v in value)
 
 
 #: Plain data deeper than this is cut: no real checkpoint nests its extras so deep.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,17 +90,26 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def _extras(root: Any, weights_key: str, report: ConvertReport) -> dict[str, Any]:
-    """The top-level extras that can be written exactly (plain data), the rest reported."""
+def _extras(root: Any, weights_key: str, weights: set[Hashable],
+            report: ConvertReport) -> dict[str, Any]:
+    """The top-level extras that can be written exactly (plain data), the rest reported.
+
+    Entries made only of weights already written (a quantized module's packed tuple) and
+    the quantized modules' dtype entries beside them are not extras.
+    """
     if not isinstance(root, dict):
         return {}
     kept: dict[str, Any] = {}
     for key, value in root.items():
         if key == weights_key or key == "__metadata__" or isinstance(value, TensorRef):
             continue
+        held = all_tensors(value)
+        if (held and all(t.alias_key in weights for t in held)) or (
+                isinstance(value, torch.dtype) and str(key).endswith("_packed_params.dtype")):
+            continue
         if _plain(value):
             kept[str(key)] = value
-        elif all_tensors(value):
+        elif held:
             report.extras_dropped[str(key)] = "holds tensors (optimizer or EMA state); " \
                                               "convert writes the model weights only"
         else:
@@ -166,7 +175,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             if new != bare[name]:
                 report.renamed[name] = new
             tensors[new] = ref
-        extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key, report)
+        extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key,
+                                                 {r.alias_key for r in refs.values()}, report)
         metadata = {}
         if ckpt.format == "safetensors" and isinstance(ckpt.raw_root, dict):
             metadata = dict(ckpt.raw_root.get("__metadata__") or {})

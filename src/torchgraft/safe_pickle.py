@@ -39,6 +39,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 import torch
 
+from . import quantized
 from .errors import (
     CorruptCheckpointError,
     UnsafeCheckpointError,
@@ -93,6 +94,7 @@ _STORAGE_DTYPES: dict[str, torch.dtype] = {
     "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
     "BoolStorage": torch.bool, "ComplexFloatStorage": torch.complex64,
     "ComplexDoubleStorage": torch.complex128, "UntypedStorage": torch.uint8,
+    "QInt8Storage": torch.qint8, "QUInt8Storage": torch.quint8, "QInt32Storage": torch.qint32,
 }
 
 # Classes whose call only records its arguments (enums used by torch's own metadata).
@@ -418,6 +420,15 @@ class _Rebuilders:
             raise CorruptCheckpointError(f"tensor record with dtype {dtype!r}")
         return self._make(storage, offset, size, stride, dtype)
 
+    def qtensor(self, storage: Any, offset: Any, size: Any, stride: Any, quantizer: Any,
+                requires_grad: Any = False, hooks: Any = None) -> TensorRef:
+        """A quantized tensor: its integer values, read lazily, and its quantizer."""
+        dtype = getattr(storage, "dtype", None)
+        if dtype not in quantized.INT_REPR:
+            raise CorruptCheckpointError(f"quantized tensor record with storage {storage!r:.60}")
+        values = self._make(storage, offset, size, stride, quantized.INT_REPR[dtype])
+        return quantized.quantized_ref(values, dtype, quantizer)
+
     @staticmethod
     def parameter(data: Any, requires_grad: Any = False, hooks: Any = None,
                   state: Any = None) -> Any:
@@ -456,7 +467,7 @@ class _Rebuilders:
             "torch._tensor._rebuild_from_type_v2": self.from_type,
             "torch._utils._rebuild_device_tensor_from_numpy": self.from_numpy,
             "torch._utils._rebuild_meta_tensor_no_storage": self.meta_tensor,
-            "torch._utils._rebuild_qtensor": _unsupported("quantized tensors"),
+            "torch._utils._rebuild_qtensor": self.qtensor,
             "torch._utils._rebuild_sparse_tensor": _unsupported("sparse tensors"),
             "torch._utils._rebuild_sparse_csr_tensor": _unsupported("sparse tensors"),
             "torch._utils._rebuild_nested_tensor": _unsupported("nested tensors"),
@@ -531,7 +542,7 @@ class _SafeUnpickler(pickle.Unpickler):
             if name in _STORAGE_DTYPES:
                 return StorageType(_STORAGE_DTYPES[name])
             value = vars(torch).get(name)  # never a lazy submodule import
-            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format, torch.qscheme)):
                 return value
         return self._stub(dotted)
 

@@ -12,8 +12,8 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute", "Rows",
-           "Transpose", "fresh_values", "label_pairs"]
+__all__ = ["Dequantize", "Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute",
+           "Rows", "Transpose", "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -35,6 +35,21 @@ def fresh_values(current: torch.Tensor, init: Init) -> torch.Tensor:
     if init == "normal" and current.dim() > 1 and current.is_floating_point():
         return torch.randn_like(current) * 0.02
     return torch.zeros_like(current)
+
+
+@dataclass(frozen=True)
+class Dequantize:
+    """The source is quantized (``qint8``...); the target holds its float values."""
+
+    dtype: str
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The float values the quantized tensor stands for."""
+        return tensor.dequantize()
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return f"dequantized from {self.dtype}"
 
 
 @dataclass(frozen=True)
@@ -168,7 +183,7 @@ class Derived:
         return self.why
 
 
-Op = Derived | Transpose | InputChannels | Rows | RotaryPermute
+Op = Dequantize | Derived | Transpose | InputChannels | Rows | RotaryPermute
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

@@ -18,7 +18,7 @@ from .materialise import META_DEFAULTS, default_device, has_meta, materialise, s
 from .plan import Match, Plan, build_plan
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
-from .sides import module_side, unwrap
+from .sides import module_side, quantized_modules, state_tensors, unwrap
 from .source import SourceLike, open_source
 from .verify import compare
 
@@ -96,6 +96,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
+    _refuse_quantized(target)
     on_meta = has_meta(target)
     warnings = []
     if on_meta and init == "keep":
@@ -124,7 +125,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                          if not s.ops and not s.cast and where.type == "cpu"}
             assigned = materialise(target, [s.target for s in plan.steps], where,
                                    zeroed=zeroed, values=as_stored)
-        state = target.state_dict(keep_vars=True)
+        state = state_tensors(target)
         execute_plan(plan, opened.refs, state, progress=progress, assigned=assigned)
     finally:
         opened.close()
@@ -141,6 +142,20 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _refuse_quantized(target: nn.Module) -> None:
+    """A quantized model keeps packed weights that graft cannot fill one tensor at a time."""
+    found = quantized_modules(target)
+    if found:
+        path, cls = next(iter(found.items()))
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        raise TorchgraftError(
+            f"Cannot graft into '{path or type(target).__name__}' ({cls}){more}: a quantized "
+            "module packs its weights with their quantizer, so they cannot be filled tensor by "
+            "tensor. Graft into the float model, then quantize it (torch.ao.quantization's "
+            "quantize_dynamic or convert); a quantized checkpoint grafts into a float model, "
+            "dequantized.")
 
 
 def _meta_inputs(inputs: Any) -> Any:

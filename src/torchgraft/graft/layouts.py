@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "Layout",
-           "RotaryRows", "VIT_HF_TO_TIMM", "family_of", "layouts_for", "mark_file_kinds",
-           "rotary_warning"]
+__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
+           "QUANTIZED_PACKED", "Layout", "RotaryRows", "VIT_HF_TO_TIMM", "family_of",
+           "layouts_for", "mark_file_kinds", "rotary_warning"]
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,18 @@ VIT_HF_TO_TIMM = Layout(
     renames=tuple(Rule(p, r) for p, r in _VIT_NAMES),
 )
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM)
+_PACKED = re.compile(r"\._packed_params\._packed_params\.[01]$")
+
+QUANTIZED_PACKED = Layout(
+    name="quantized-packed",
+    applies=lambda src, dst: (any(_PACKED.search(n) for n in src.tensors)
+                              and not any(_PACKED.search(n) for n in dst.tensors)),
+    renames=(Rule(r"\._packed_params\._packed_params\.0$", ".weight"),
+             Rule(r"\._packed_params\._packed_params\.1$", ".bias")),
+)
+
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM,
+           QUANTIZED_PACKED)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:

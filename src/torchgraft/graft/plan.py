@@ -24,8 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
+from ..meta import dtype_name
+from ..quantized import is_quantized
 from ..wrappers import strip_wrappers
 from .adapt import (
+    Dequantize,
     Derived,
     Init,
     InputChannels,
@@ -219,6 +224,10 @@ def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo
     transpose = _transpose(src, dst, layouts)
     shape = src.shape[::-1] if transpose else src.shape
     ops: list[Op] = [Derived(derived[source])] if source in derived else []
+    dtype = src.dtype
+    if is_quantized(src.dtype) and not is_quantized(dst.dtype):
+        ops.append(Dequantize(dtype_name(src.dtype)))
+        dtype = torch.float32
     ops += [transpose] if transpose else []
     rotary = _rotary(target, dst_side, layouts)
     if isinstance(rotary, str):
@@ -245,8 +254,7 @@ def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo
                                   f"{_shape_text(dst.shape)}"
             return
         ops.append(op)
-    cast = "" if src.dtype == dst.dtype else \
-        f"{str(src.dtype).removeprefix('torch.')}->{str(dst.dtype).removeprefix('torch.')}"
+    cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
     plan.steps.append(PlanStep(target, source, how, tuple(ops), cast))
 
 
@@ -360,6 +368,11 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
             tried = {"auto": "by name or by structure", "name": "by name",
                      "structure": "by structure"}[match]
             plan.missing[target] = f"no checkpoint tensor matches it {tried}"
+    dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]
+    if dequantized:
+        plan.warnings.append(
+            f"{len(dequantized)} tensors ('{dequantized[0]}'...) were stored quantized and were "
+            "dequantized: they hold the quantized approximation of the float weights")
     used = {step.source for step in plan.steps}
     for key in [*plan.tied]:
         if plan.tied[key] in plan.missing:

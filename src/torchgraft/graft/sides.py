@@ -13,7 +13,8 @@ from torch import nn
 from ..errors import TorchgraftError
 
 __all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "looks_sorted", "module_side",
-           "module_tensors", "natural_key", "run_model", "tied_keys", "unwrap"]
+           "module_tensors", "natural_key", "quantized_modules", "run_model", "state_tensors",
+           "tied_keys", "unwrap"]
 
 # Module class names to the kind used for layouts and structural matching.
 MODULE_KINDS = {
@@ -138,6 +139,48 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's state-dict tensors (``keep_vars``), named as a checkpoint of it names them.
+
+    Entries that are not tensors (``_extra_state`` objects, a quantized module's dtype) are
+    left out; a quantized module's packed ``(weight, bias)`` tuple gives ``....0`` and
+    ``....1``, as torchgraft reads it from a file.
+
+    Args:
+        model: The module.
+
+    Returns:
+        Key to tensor, in state_dict order.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+        elif isinstance(value, tuple):
+            out.update((f"{name}.{i}", v) for i, v in enumerate(value)
+                       if isinstance(v, torch.Tensor))
+    return out
+
+
+def quantized_modules(model: nn.Module) -> dict[str, str]:
+    """The modules whose weights are quantized: path to class name.
+
+    Args:
+        model: The module.
+
+    Returns:
+        Module path to the class's qualified name.
+    """
+    found = {}
+    for key, tensor in state_tensors(model).items():
+        if tensor.is_quantized:
+            path = key.partition("._packed_params.")[0] if "._packed_params." in key \
+                else key.rpartition(".")[0]
+            cls = type(model.get_submodule(path))
+            found[path] = f"{cls.__module__}.{cls.__qualname__}"
+    return found
+
+
 def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
     """Describe a module's state-dict tensors with their module kinds.
 
@@ -155,7 +198,7 @@ def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
                             *module.named_buffers(recurse=False)]:
                 kinds[f"{path}.{name}" if path else name] = kind
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
-            for name, t in model.state_dict(keep_vars=True).items()}
+            for name, t in state_tensors(model).items()}
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -244,5 +287,5 @@ def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
         else list(infos)
     head_dims = {path: module.head_dim for path, module in model.named_modules()
                  if isinstance(getattr(module, "head_dim", None), int)}
-    return Side(infos, order, ties=tied_keys(model.state_dict(keep_vars=True)),
+    return Side(infos, order, ties=tied_keys(state_tensors(model)),
                 head_dims=head_dims)

@@ -16,7 +16,7 @@ from ..checkpoint import open as open_checkpoint
 from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
 from .layouts import mark_file_kinds
-from .sides import Side, TensorInfo, module_side, unwrap
+from .sides import Side, TensorInfo, module_side, state_tensors, unwrap
 
 __all__ = ["GraftSource", "SourceLike", "open_source"]
 
@@ -89,8 +89,8 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         return _from_checkpoint(source)
     if isinstance(source, nn.Module):
         module = unwrap(source)
-        return GraftSource(module_side(module, example_inputs), _in_memory(module.state_dict()),
-                           module)
+        return GraftSource(module_side(module, example_inputs),
+                           _in_memory(state_tensors(module)), module)
     if isinstance(source, Mapping):
         refs = _in_memory(source)
         return GraftSource(_refs_side(refs), refs)

@@ -9,9 +9,36 @@ from typing import Any
 
 import torch
 
-from ..meta import TensorRef
+from ..errors import UnsupportedCheckpointError
+from ..meta import TensorRef, dtype_name
+from ..quantized import is_quantized
 
-__all__ = ["Contents", "Format", "ReadOptions", "WriteJob"]
+__all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "unwritable"]
+
+
+def unwritable(name: str, dtype: torch.dtype, fmt: str) -> str:
+    """The message for a tensor whose dtype a format cannot store, with the fix.
+
+    Args:
+        name: The tensor's key.
+        dtype: Its dtype.
+        fmt: The format, in words (``"safetensors"``).
+
+    Returns:
+        The message.
+    """
+    fix = ("dequantize it with dtype=torch.float32 (--dtype float32)" if is_quantized(dtype)
+           else "cast it with dtype=torch.float32 (--dtype float32)")
+    return (f"'{name}' is {dtype_name(dtype)}, which {fmt} cannot store: {fix}, or write a "
+            "torch file (.pt)")
+
+
+def _numpy_has(dtype: torch.dtype) -> bool:
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+    except (TypeError, RuntimeError):
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -76,8 +103,9 @@ class WriteJob:
     progress: Callable[[int, int], None] | None = None
 
     def out_dtype(self, ref: TensorRef) -> torch.dtype:
-        """The dtype a tensor is written with: ``dtype`` for floating tensors, else its own."""
-        if self.dtype is not None and ref.meta.dtype.is_floating_point:
+        """The dtype a tensor is written with: ``dtype`` for floating and quantized tensors."""
+        if self.dtype is not None and (ref.meta.dtype.is_floating_point
+                                       or is_quantized(ref.meta.dtype)):
             return self.dtype
         return ref.meta.dtype
 
@@ -88,9 +116,24 @@ class WriteJob:
         this tensor is in memory.
         """
         ref = self.tensors[name]
+        if is_quantized(ref.meta.dtype):
+            value = ref.read()
+            dtype = self.out_dtype(ref)
+            return value if dtype == ref.meta.dtype else value.dequantize().to(dtype)
         buffer = torch.empty(ref.meta.shape, dtype=ref.meta.dtype)
         ref.read_into(buffer)
         return buffer.to(self.out_dtype(ref))
+
+    def read_numpy(self, name: str, fmt: str, path: Path) -> Any:
+        """Read one tensor as written, as a numpy array (formats that store numpy arrays).
+
+        Raises:
+            UnsupportedCheckpointError: For dtypes numpy lacks (bfloat16, quantized...).
+        """
+        dtype = self.out_dtype(self.tensors[name])
+        if is_quantized(dtype) or not _numpy_has(dtype):
+            raise UnsupportedCheckpointError(unwritable(name, dtype, fmt), path=path)
+        return self.read(name).numpy()
 
     def read_all(self) -> dict[str, torch.Tensor]:
         """Every tensor as written, each in its own memory, tied names sharing theirs.

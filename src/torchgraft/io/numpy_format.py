@@ -137,13 +137,7 @@ def write_npz(job: WriteJob, path: Path) -> None:
     """
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for count, name in enumerate(job.tensors, start=1):
-            tensor = job.read(name)
-            try:
-                array = tensor.numpy()
-            except TypeError:
-                raise UnsupportedCheckpointError(
-                    f"'{name}' is {tensor.dtype}, which numpy lacks; pass dtype=torch.float32",
-                    path=path) from None
+            array = job.read_numpy(name, "numpy", path)
             with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, array, allow_pickle=False)
             job.done(count)

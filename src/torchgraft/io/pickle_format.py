@@ -12,6 +12,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
@@ -86,16 +87,11 @@ def write_paddle(job: WriteJob, path: Path) -> None:
     for count, name in enumerate(job.tensors, start=1):
         new, _rule = rename(name, PADDLE.exports)
         if new is not None:
-            tensor = job.read(name)
-            info = TensorInfo(name, tuple(tensor.shape), tensor.dtype, job.kinds.get(name))
-            if PADDLE.transposed(info, info):
-                tensor = tensor.t().contiguous()
-            try:
-                arrays[new] = tensor.numpy()
-            except TypeError:
-                raise UnsupportedCheckpointError(
-                    f"'{name}' is {tensor.dtype}, which Paddle files store as numpy arrays "
-                    "cannot hold; pass dtype=torch.float32", path=path) from None
+            array = job.read_numpy(name, "a Paddle file", path)
+            info = TensorInfo(name, array.shape, job.out_dtype(job.tensors[name]),
+                              job.kinds.get(name))
+            arrays[new] = np.ascontiguousarray(array.T) if PADDLE.transposed(info, info) \
+                else array
         job.done(count)
     with path.open("wb") as f:
         pickle.dump(arrays, f, protocol=4)

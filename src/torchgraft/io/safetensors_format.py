@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
-from .base import Contents, Format, ReadOptions, WriteJob
+from .base import Contents, Format, ReadOptions, WriteJob, unwritable
 from .source import ByteSource, FileSource
 
 __all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "WEIGHTS_KEY", "read_header",
@@ -177,8 +177,7 @@ def write(job: WriteJob, path: Path) -> None:
         written[ref.alias_key] = name
         dtype = job.out_dtype(ref)
         if dtype not in _NAMES:
-            raise UnsupportedCheckpointError(f"'{name}' has dtype {dtype}, which safetensors "
-                                             "cannot store", path=path)
+            raise UnsupportedCheckpointError(unwritable(name, dtype, "safetensors"), path=path)
         nbytes = math.prod(ref.meta.shape) * dtype.itemsize
         header[name] = {"dtype": _NAMES[dtype], "shape": list(ref.meta.shape),
                         "data_offsets": [offset, offset + nbytes]}

@@ -1,0 +1,103 @@
+"""Quantized tensors (qint8, quint8, qint32) as torch saves them: integer values and a quantizer.
+
+``torch.save`` stores a quantized tensor as its integer representation in a ``QInt8Storage``
+(or ``QUInt8Storage``, ``QInt32Storage``) and the quantizer's parameters beside it: per tensor
+``(per_tensor_affine, scale, zero_point)``, per channel ``(per_channel_affine, scales,
+zero_points, axis)`` with the scales and zero points as tensors of their own. A reference
+built here reads the integers lazily and returns the tensor ``torch.load`` would give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from .meta import TensorMeta, TensorRef
+
+__all__ = ["INT_REPR", "dequantized_ref", "is_quantized", "quantized_ref"]
+
+#: Quantized dtype to the integer dtype its values are stored as.
+INT_REPR: dict[torch.dtype, torch.dtype] = {
+    torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32,
+}
+
+_PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_affine_float_qparams)
+
+
+def is_quantized(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is a quantized dtype torchgraft reads."""
+    return dtype in INT_REPR
+
+
+def _number(value: Any, kind: type[float] | type[int], what: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CorruptCheckpointError(f"quantized tensor record with {what} {value!r:.40}")
+    return kind(value)
+
+
+def _per_tensor(params: tuple[Any, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+    if len(params) != 3:
+        raise CorruptCheckpointError("per-tensor quantizer record without scale and zero point")
+    scale = _number(params[1], float, "scale")
+    zero_point = _number(params[2], int, "zero point")
+    return lambda values: torch._make_per_tensor_quantized_tensor(values, scale, zero_point)
+
+
+def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...],
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    if len(params) != 4 or not all(isinstance(p, TensorRef) for p in params[1:3]):
+        raise CorruptCheckpointError("per-channel quantizer record without scales and zero points")
+    scales, zero_points = params[1], params[2]
+    axis = _number(params[3], int, "axis")
+    if not 0 <= axis < len(shape) or any(
+            p.meta.shape != (shape[axis],) for p in (scales, zero_points)):
+        raise CorruptCheckpointError(
+            f"per-channel quantizer does not fit a tensor of shape {shape} (axis {axis})")
+
+    def make(values: torch.Tensor) -> torch.Tensor:
+        return torch._make_per_channel_quantized_tensor(
+            values, scales.read(), zero_points.read(), axis)
+    return make
+
+
+def quantized_ref(values: TensorRef, dtype: torch.dtype, quantizer: Any) -> TensorRef:
+    """A lazy quantized tensor from its integer values and torch's quantizer record.
+
+    Args:
+        values: The integer representation (``int8`` for ``qint8``...).
+        dtype: The quantized dtype.
+        quantizer: The pickled quantizer parameters.
+
+    Returns:
+        A reference whose ``read`` gives the quantized tensor, as ``torch.load`` does.
+
+    Raises:
+        CorruptCheckpointError: If the quantizer record is malformed.
+        UnsupportedCheckpointError: For a quantization scheme torchgraft does not read.
+    """
+    if not isinstance(quantizer, tuple) or not quantizer:
+        raise CorruptCheckpointError("quantized tensor record without a quantizer")
+    scheme = quantizer[0]
+    if scheme == torch.per_tensor_affine:
+        make = _per_tensor(quantizer)
+    elif scheme in _PER_CHANNEL:
+        make = _per_channel(quantizer, values.meta.shape)
+    else:
+        raise UnsupportedCheckpointError(
+            f"quantization scheme {scheme!r:.40} is not read; dequantize before saving")
+
+    def read() -> torch.Tensor:
+        return make(values.read().contiguous())
+
+    meta = TensorMeta.of(values.meta.shape, dtype, values.meta.device)
+    return TensorRef(meta, read, alias_key=("quantized", values.alias_key))
+
+
+def dequantized_ref(ref: TensorRef) -> TensorRef:
+    """The float32 values a quantized tensor stands for (``Tensor.dequantize``)."""
+    meta = TensorMeta.of(ref.meta.shape, torch.float32, ref.meta.device)
+    return TensorRef(meta, lambda: ref.read().dequantize(),
+                     alias_key=("dequantized", ref.alias_key))
