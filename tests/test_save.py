@@ -71,7 +71,7 @@ def test_numpy_npz_loads_in_numpy(tmp_path: Path, model: SmallNet) -> None:
     with np.load(path, allow_pickle=False) as arrays:
         for name, tensor in model.state_dict().items():
             assert np.array_equal(arrays[name], tensor.numpy())
-    with pytest.raises(tg.UnsupportedCheckpointError, match="is bfloat16, which numpy cannot store: cast it"):
+    with pytest.raises(tg.UnsupportedCheckpointError, match="bfloat16, which numpy cannot store"):
         tg.save({"w": torch.ones(2).bfloat16()}, tmp_path / "bf.npz")
 
 
