@@ -42,6 +42,9 @@ class _Net(nn.Module):
         self.conv = nn.Conv2d(3, 4, 3)
         self.fc = nn.Linear(4, 5)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean((2, 3)))
+
 
 def _state() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
@@ -71,6 +74,10 @@ def _seeds(folder: Path) -> dict[str, Path]:
     save(state, checkpoint_id=str(paths["dcp"]))
     import torchgraft as tg
 
+    torch.manual_seed(0)
+    paths["torch-export"] = folder / "m.pt2"
+    torch.export.save(torch.export.export(_Net(), (torch.randn(1, 3, 5, 5),)),
+                      paths["torch-export"])
     paths["sharded"] = folder / "sharded"
     tg.save(state, paths["sharded"] / "model.safetensors", max_shard_size=200)
     return paths

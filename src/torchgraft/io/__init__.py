@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from . import dcp, numpy_format, pickle_format, safetensors_format, sharded, torch_legacy, torch_zip
+from . import (
+    dcp,
+    numpy_format,
+    pickle_format,
+    pt2,
+    safetensors_format,
+    sharded,
+    torch_legacy,
+    torch_zip,
+)
 from .base import Contents, Format, ReadOptions, WriteJob
 from .registry import detect, formats, open_contents, register
 
@@ -10,8 +19,10 @@ __all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "detect", "formats",
            "register"]
 
 # Legacy torch files are pickles too: their magic must be tried before the plain pickle's.
+# torch.export archives are zips too: their first entry is tried before torch.save's zip.
 for _fmt in (
     torch_legacy.FORMAT,
+    pt2.FORMAT,
     torch_zip.FORMAT,
     numpy_format.NPZ_FORMAT,
     numpy_format.NPY_FORMAT,
