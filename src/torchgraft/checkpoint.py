@@ -196,7 +196,7 @@ def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dty
 
 
 def open(path: str | os.PathLike[str], *, unsafe: bool = False,
-         weights_key: str | None = None) -> Checkpoint:
+         weights_key: str | None = None, component: str | None = None) -> Checkpoint:
     """Open a checkpoint of any supported format, reading only its metadata.
 
     Formats: torch.save zip and legacy files (state dicts, training checkpoints, whole pickled
@@ -210,6 +210,8 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
             the file: use it only for files you trust.
         weights_key: Where the weights are in a training checkpoint (``"state_dict_ema"``);
             found automatically when ``None``.
+        component: In a folder of several models (a diffusers pipeline, a sentence-
+            transformers model), open this part alone (``"unet"``); all parts when ``None``.
 
     Returns:
         The opened checkpoint; close it, or use it in a ``with`` block.
@@ -218,7 +220,7 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
         TorchgraftError: Any failure, naming the file: a subclass says which kind.
     """
     location = Path(path)
-    contents = open_contents(location, ReadOptions(unsafe=unsafe))
+    contents = open_contents(location, ReadOptions(unsafe=unsafe, component=component))
     try:
         selection = select_weights(contents.root, key=weights_key)
     except TorchgraftError as exc:

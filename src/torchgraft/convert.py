@@ -123,7 +123,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             rules: RulesSpec = None, dtype: torch.dtype | str | None = None, legacy: bool = False,
             overwrite: bool = False, drop_extras: bool = False,
             max_shard_size: int | str | None = None, unsafe: bool = False,
-            weights_key: str | None = None, keep_wrappers: bool = False,
+            weights_key: str | None = None, component: str | None = None,
+            keep_wrappers: bool = False,
             progress: Callable[[int, int], None] | None = None) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
 
@@ -146,6 +147,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         max_shard_size: Shard safetensors or torch output (``"2GB"``).
         unsafe: Let the source's pickle call code outside the allow-list.
         weights_key: Where the weights are in a training checkpoint.
+        component: In a folder of several models (a diffusers pipeline, a sentence-
+            transformers model), open this part alone (``"unet"``); all parts when ``None``.
         keep_wrappers: Keep the prefixes that DataParallel, DDP or torch.compile added to every
             key (``module.``); by default they are removed, before ``rules``, so the file loads
             into the bare model.
@@ -161,7 +164,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     fmt = resolve_format(destination, format, legacy=legacy)
     parsed = parse_rules(rules)
     cast_to = parse_dtype(dtype) if dtype else None
-    with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key) as ckpt:
+    with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key,
+                         component=component) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
         refs = ckpt.tensor_refs()

@@ -85,13 +85,15 @@ class CheckpointInfo:
 
 
 def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
-            weights_key: str | None = None) -> CheckpointInfo:
+            weights_key: str | None = None, component: str | None = None) -> CheckpointInfo:
     """Summarise a checkpoint without reading its tensor data.
 
     Args:
         path: A checkpoint file or directory.
         unsafe: Let pickles call globals outside the allow-list (runs code from the file).
         weights_key: Where the weights are in a training checkpoint; found when ``None``.
+        component: In a folder of several models (a diffusers pipeline, a sentence-
+            transformers model), open this part alone (``"unet"``); all parts when ``None``.
 
     Returns:
         The summary: format, saved devices, wrappers, totals by dtype, extras, tensor table.
@@ -99,7 +101,8 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
     Raises:
         TorchgraftError: Any failure, naming the file.
     """
-    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key) as ckpt:
+    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
+                         component=component) as ckpt:
         info = CheckpointInfo(
             path=str(ckpt.path), format=ckpt.format, tensors=ckpt.items_meta(),
             saved_devices=sorted(ckpt.saved_devices), wrappers=ckpt.wrappers,

@@ -14,7 +14,8 @@ __all__ = ["load"]
 
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
          dtype: torch.dtype | str | None = None, unsafe: bool = False,
-         weights_key: str | None = None) -> dict[str, torch.Tensor]:
+         weights_key: str | None = None, component: str | None = None,
+         ) -> dict[str, torch.Tensor]:
     """Load the model weights of any checkpoint as a state dict.
 
     A file saved on ``cuda:1`` loads on a CPU-only machine with the default ``device``.
@@ -26,6 +27,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
         dtype: Cast floating-point weights to this dtype; integer buffers are left alone.
         unsafe: Let pickles call globals outside the allow-list (runs code from the file).
         weights_key: Where the weights are in a training checkpoint; found when ``None``.
+        component: In a folder of several models (a diffusers pipeline, a sentence-
+            transformers model), open this part alone (``"unet"``); all parts when ``None``.
 
     Returns:
         Weight name to tensor, in stored order. CPU tensors may be memory-mapped
@@ -35,5 +38,6 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
         TorchgraftError: Any failure, naming the file.
     """
     devices = DeviceMap(device)
-    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key) as ckpt:
+    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
+                         component=component) as ckpt:
         return {name: ckpt.get(name, devices, dtype=dtype) for name in ckpt.keys()}

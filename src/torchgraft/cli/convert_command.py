@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..convert import convert
+from .options import source_options
 from .render import print_json
 
 __all__ = ["convert_command"]
@@ -29,10 +30,12 @@ __all__ = ["convert_command"]
               help="Keep the 'module.' / '_orig_mod.' prefixes (removed by default).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let SRC's pickle run code. Trusted files only.")
+@source_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
                     rules: Path | None, drop_extras: bool, max_shard_size: str | None,
-                    keep_wrappers: bool, overwrite: bool, unsafe: bool, as_json: bool) -> int:
+                    keep_wrappers: bool, overwrite: bool, unsafe: bool, weights_key: str | None,
+                    component: str | None, as_json: bool) -> int:
     """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
 
     Exit codes: 0 written, 2 bad input.
@@ -43,6 +46,7 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
         report = convert(src, dst, format=fmt, dtype=dtype, legacy=legacy, rules=rules,
                          drop_extras=drop_extras, max_shard_size=max_shard_size,
                          overwrite=overwrite, unsafe=unsafe, keep_wrappers=keep_wrappers,
+                         weights_key=weights_key, component=component,
                          progress=lambda done, total: bar.update(task, completed=done,
                                                                  total=total))
     if as_json:

@@ -13,6 +13,7 @@ from ..graft import GraftError, GraftReport, graft
 from ..graft.adapt import LabelMap
 from ..save import resolve_format, save
 from .factory import build_model
+from .options import source_options
 from .render import print_json, print_report
 
 __all__ = ["graft_command"]
@@ -56,11 +57,13 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
+@source_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
                   rules: Path | None, match: str, init: str, label_map: str | None,
                   no_adapt: bool, strict: bool,
-                  overwrite: bool, unsafe: bool, as_json: bool) -> int:
+                  overwrite: bool, unsafe: bool, weights_key: str | None,
+                  component: str | None, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
     Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
@@ -78,6 +81,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             report: GraftReport = graft(
                 source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
                 init=init, strict=strict, unsafe=unsafe, label_map=rows,  # type: ignore[arg-type]
+                weights_key=weights_key, component=component,
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
             failed = None
         except GraftError as exc:

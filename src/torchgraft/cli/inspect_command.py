@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from ..inspect import inspect as inspect_checkpoint
+from .options import source_options
 from .render import print_info, print_json
 
 __all__ = ["inspect"]
@@ -17,17 +18,17 @@ __all__ = ["inspect"]
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="List every tensor (default: first 50).")
-@click.option("--weights-key", default=None,
-              help="Where the weights are in a training checkpoint, e.g. state_dict_ema.")
+@source_options
 @click.option("--unsafe", is_flag=True,
               help="Let the file's pickle call code outside the allow-list. Trusted files only.")
 def inspect(path: Path, as_json: bool, show_all: bool, weights_key: str | None,
-            unsafe: bool) -> int:
+            component: str | None, unsafe: bool) -> int:
     """Show a checkpoint's format, devices, wrappers, totals, extras and tensors.
 
     PATH is a checkpoint file or a directory holding one. Tensor data is not read.
     """
-    info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key)
+    info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
+                              component=component)
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, info.to_dict())

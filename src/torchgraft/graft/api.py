@@ -34,7 +34,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
           label_map: LabelMap | None = None, device: str | torch.device | None = None,
-          unsafe: bool = False, weights_key: str | None = None,
+          unsafe: bool = False, weights_key: str | None = None, component: str | None = None,
           progress: Callable[[int, int], None] | None = None) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
@@ -76,6 +76,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             model's other tensors are, else the CPU.
         unsafe: For checkpoint paths: let pickles call code outside the allow-list.
         weights_key: For checkpoint paths: where the weights are in a training checkpoint.
+        component: For a folder of several models (a diffusers pipeline, a sentence-
+            transformers model): graft from this part alone (``"unet"``); by default from all
+            parts, their keys prefixed with the part's name.
         progress: Called with (tensors done, total) as tensors are filled.
 
     Returns:
@@ -105,7 +108,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                         "keep: new rows and re-initialised heads use init='normal'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
-                         weights_key=weights_key)
+                         weights_key=weights_key, component=component)
     assigned: set[str] = set()
     try:
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)

@@ -64,7 +64,7 @@ def _in_memory(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorRef]:
 
 
 def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool = False,
-                weights_key: str | None = None) -> GraftSource:
+                weights_key: str | None = None, component: str | None = None) -> GraftSource:
     """Describe a graft source.
 
     Args:
@@ -73,6 +73,7 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         example_inputs: Inputs to order a source module's tensors by use.
         unsafe: For paths: let pickles call code outside the allow-list.
         weights_key: For paths: where the weights are in a training checkpoint.
+        component: For paths: the part of a folder of several models to open.
 
     Returns:
         The source.
@@ -81,7 +82,8 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         TorchgraftError: If the source cannot be read.
     """
     if isinstance(source, (str, os.PathLike)):
-        ckpt = open_checkpoint(source, unsafe=unsafe, weights_key=weights_key)
+        ckpt = open_checkpoint(source, unsafe=unsafe, weights_key=weights_key,
+                               component=component)
         opened = _from_checkpoint(ckpt)
         opened.closers.append(ckpt.close)
         return opened

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    components,
     dcp,
     numpy_format,
     pickle_format,
@@ -30,5 +31,6 @@ for _fmt in (
     pickle_format.FORMAT,
     sharded.FORMAT,
     dcp.FORMAT,
+    components.FORMAT,
 ):
     register(_fmt)

@@ -47,9 +47,12 @@ class ReadOptions:
 
     Attributes:
         unsafe: Allow pickles to call globals outside the allow-list (runs code from the file).
+        component: In a folder of several models (diffusers, sentence-transformers), the one
+            part to open.
     """
 
     unsafe: bool = False
+    component: str | None = None
 
 
 @dataclass

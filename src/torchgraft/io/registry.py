@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    TorchgraftError,
     UnknownFormatError,
     UnsupportedCheckpointError,
     reading,
@@ -15,7 +16,7 @@ from ..errors import (
 from .base import Contents, Format, ReadOptions
 from .sharded import MAX_INDEX_BYTES
 
-__all__ = ["detect", "formats", "open_contents", "register"]
+__all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
 
 _FORMATS: list[Format] = []
 _HEAD_BYTES = 512
@@ -26,6 +27,8 @@ _PREFERRED_NAMES = (
     "model.safetensors.index.json", "model.safetensors",
     "pytorch_model.bin.index.json", "pytorch_model.bin",
     "open_clip_model.safetensors", "open_clip_pytorch_model.bin",
+    "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors",
+    "diffusion_pytorch_model.bin.index.json", "diffusion_pytorch_model.bin",
 )
 
 
@@ -49,7 +52,18 @@ def _by_suffix(path: Path) -> Format | None:
     return max(matches, key=lambda m: m[0])[1] if matches else None
 
 
-def _checkpoint_in(directory: Path) -> Path:
+def checkpoint_in(directory: Path) -> Path:
+    """The checkpoint file a folder holds: a preferred name, else its only checkpoint file.
+
+    Args:
+        directory: The folder.
+
+    Returns:
+        The file.
+
+    Raises:
+        CheckpointNotFoundError: If it holds none, or several and none is preferred.
+    """
     files = sorted(p for p in directory.iterdir() if p.is_file())
     candidates = [p for p in files if _by_suffix(p) is not None]
     indexes = [p for p in candidates if p.name.endswith(".index.json")]
@@ -107,7 +121,7 @@ def detect(path: Path) -> tuple[Format, Path]:
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
                 return fmt, path
-        path = _checkpoint_in(path)
+        path = checkpoint_in(path)
     if not path.is_file():
         raise UnsupportedCheckpointError(
             "not a regular file or a folder (a FIFO, device or socket could block or never "
@@ -142,5 +156,10 @@ def open_contents(path: Path, options: ReadOptions) -> Contents:
         TorchgraftError: If the path cannot be opened; the message names it.
     """
     fmt, target = detect(path)
+    if options.component is not None and fmt.name != "components":
+        raise TorchgraftError(
+            f"component='{options.component}' picks a part of a folder of several models (a "
+            f"diffusers pipeline, a sentence-transformers model); this is a {fmt.name} "
+            "checkpoint: leave component out", path=path)
     with reading(target):
         return fmt.open(target, options)

@@ -1,0 +1,23 @@
+"""Options every command that reads a checkpoint takes: where its weights are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+__all__ = ["source_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def source_options(command: F) -> F:
+    """Add ``--weights-key`` and ``--component`` to a command."""
+    command = click.option(
+        "--component", default=None, metavar="NAME",
+        help="In a folder of several models (diffusers pipeline, sentence-transformers), "
+             "read this part alone, e.g. unet.")(command)
+    return click.option(
+        "--weights-key", default=None, metavar="KEY",
+        help="Where the weights are in a training checkpoint, e.g. state_dict_ema.")(command)

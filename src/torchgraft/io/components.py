@@ -1,0 +1,134 @@
+"""Folders of several models: a diffusers pipeline and a sentence-transformers model.
+
+A diffusers pipeline folder lists its parts in ``model_index.json`` (``"unet": ["diffusers",
+"UNet2DConditionModel"]``), each in a subfolder of that name; a sentence-transformers folder
+lists its modules in ``modules.json`` (``{"name": "2", "path": "2_Dense", ...}``), the first
+one's weights in the folder itself. Opened as one checkpoint, every part's weights are
+prefixed with the part's name (``unet.``, ``vae.``, ``2_Dense.``; a module kept in the folder
+itself by its ``name``, ``0.``), so a model with a module per part grafts from the whole folder;
+``component="unet"`` opens one part alone, its keys as they are. Parts without weights
+(tokenizers, schedulers, pooling) are listed in the extras. Each part is opened lazily by its
+own format.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..containers import select_weights
+from ..errors import CorruptCheckpointError, TensorNotFoundError, TorchgraftError
+from .base import Contents, Format, ReadOptions
+from .registry import checkpoint_in, open_contents
+from .sharded import MAX_INDEX_BYTES
+
+__all__ = ["FORMAT", "MAX_COMPONENTS"]
+
+#: More parts than this is not a pipeline.
+MAX_COMPONENTS = 64
+_INDEXES = {"model_index.json": "diffusers", "modules.json": "sentence-transformers"}
+
+
+def _claims(path: Path) -> bool:
+    return any((path / name).is_file() for name in _INDEXES)
+
+
+def _index(path: Path) -> tuple[str, Any]:
+    for name, kind in _INDEXES.items():
+        index = path / name
+        if index.is_file():
+            if index.stat().st_size > MAX_INDEX_BYTES:
+                raise CorruptCheckpointError(f"{name} is larger than any index "
+                                             f"({MAX_INDEX_BYTES} bytes)", path=index)
+            try:
+                return kind, json.loads(index.read_text())
+            except (ValueError, RecursionError) as exc:
+                raise CorruptCheckpointError(f"{name} is not JSON ({type(exc).__name__})",
+                                             path=index) from None
+    raise CorruptCheckpointError("no model_index.json or modules.json", path=path)
+
+
+def _parts(kind: str, index: Any, path: Path) -> dict[str, str]:
+    """Part name to its folder, relative to ``path`` (``""``: the folder itself)."""
+    parts: dict[str, str] = {}
+    if kind == "diffusers" and isinstance(index, dict):
+        for name, spec in index.items():
+            if not str(name).startswith("_") and isinstance(spec, list) and spec and spec[0]:
+                parts[str(name)] = str(name)
+    elif kind == "sentence-transformers" and isinstance(index, list):
+        for module in index:
+            if not isinstance(module, dict) or not isinstance(module.get("path", ""), str):
+                raise CorruptCheckpointError("modules.json lists a module without a path",
+                                             path=path)
+            folder = module.get("path", "")
+            parts[folder or str(module.get("name", len(parts)))] = folder
+    else:
+        raise CorruptCheckpointError(f"the {kind} index is malformed", path=path)
+    if len(parts) > MAX_COMPONENTS:
+        raise CorruptCheckpointError(f"the index lists {len(parts)} parts, more than any "
+                                     f"pipeline ({MAX_COMPONENTS})", path=path)
+    for name, folder in parts.items():
+        inside = (path / folder).resolve()
+        if folder and (inside.parent != path.resolve() or "/" in folder or folder in ("..",)):
+            raise CorruptCheckpointError(f"part '{name}' is not a folder inside the pipeline "
+                                         f"('{folder}')", path=path)
+    return parts
+
+
+def _open_part(path: Path, folder: str, options: ReadOptions) -> Contents | None:
+    where = path / folder
+    if not where.is_dir():
+        return None
+    if not folder:  # the folder itself: its own checkpoint file, not the folder again
+        try:
+            target = checkpoint_in(where)
+        except TorchgraftError:
+            return None
+        return open_contents(target, ReadOptions(unsafe=options.unsafe))
+    if _claims(where):
+        raise CorruptCheckpointError("a pipeline inside a pipeline is not read", path=where)
+    try:
+        checkpoint_in(where)
+    except TorchgraftError:
+        return None  # a tokenizer, a scheduler, a pooling layer: configuration only
+    return open_contents(where, ReadOptions(unsafe=options.unsafe))
+
+
+def _open(path: Path, options: ReadOptions) -> Contents:
+    kind, index = _index(path)
+    parts = _parts(kind, index, path)
+    if options.component is not None:
+        if options.component not in parts:
+            raise TensorNotFoundError(f"no part '{options.component}' in this {kind} folder; "
+                                      f"its parts: {', '.join(parts)}", path=path)
+        opened = _open_part(path, parts[options.component], options)
+        if opened is None:
+            raise TensorNotFoundError(f"part '{options.component}' holds no weights",
+                                      path=path)
+        return opened
+    root: dict[str, Any] = {}
+    listing: dict[str, Any] = {}
+    closers = []
+    try:
+        for name, folder in parts.items():
+            opened = _open_part(path, folder, options)
+            if opened is None:
+                listing[name] = "no weights"
+                continue
+            closers.append(opened.close)
+            weights = select_weights(opened.root).weights
+            listing[name] = {"format": opened.format, "path": str(opened.path.relative_to(path)),
+                             "tensors": len(weights)}
+            root.update((f"{name}.{key}", ref) for key, ref in weights.items())
+    except BaseException:
+        for close in closers:
+            close()
+        raise
+    if not root:
+        raise TensorNotFoundError(f"no part of this {kind} folder holds weights", path=path)
+    extras = {"components": listing, "index": index}
+    return Contents(kind, path, {"state_dict": root, kind: extras}, closers)
+
+
+FORMAT = Format(name="components", open=_open, claims_directory=_claims)
