@@ -15,8 +15,8 @@ from .rules import Rule
 from .sides import Side, TensorInfo
 
 __all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
-           "QUANTIZED_PACKED", "Layout", "RotaryRows", "VIT_HF_TO_TIMM", "family_of",
-           "layouts_for", "mark_file_kinds", "rotary_warning"]
+           "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM", "Layout", "RotaryRows",
+           "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
 
 
 @dataclass(frozen=True)
@@ -225,8 +225,25 @@ QUANTIZED_PACKED = Layout(
              Rule(r"\._packed_params\._packed_params\.1$", ".bias")),
 )
 
+def _sentence_transformers(attribute: str) -> Layout:
+    """A sentence-transformers folder grafted into a ``SentenceTransformer``.
+
+    Parts are numbered modules there (``2_Dense.`` is module ``2.``), and the folder's own
+    model sits in its first module's ``attribute`` (``model`` in recent releases,
+    ``auto_model`` before).
+    """
+    return Layout(
+        name=f"sentence-transformers ({attribute})",
+        applies=lambda src, dst: (src.format == "sentence-transformers" and any(
+            k.startswith(f"0.{attribute}.") for k in dst.tensors)),
+        renames=(Rule(r"^(\d+)_[A-Za-z]\w*\.", r"\1."), Rule(r"^0\.", f"0.{attribute}.")),
+    )
+
+
+SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
+
 LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM,
-           QUANTIZED_PACKED)
+           QUANTIZED_PACKED, *SENTENCE_TRANSFORMERS)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import (
     components,
     dcp,
+    deepspeed,
     numpy_format,
     pickle_format,
     pt2,
@@ -31,6 +32,7 @@ for _fmt in (
     pickle_format.FORMAT,
     sharded.FORMAT,
     dcp.FORMAT,
+    deepspeed.FORMAT,
     components.FORMAT,
 ):
     register(_fmt)
