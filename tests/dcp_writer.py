@@ -41,6 +41,49 @@ def _writer(rank: int, directory: str, port: int) -> None:
     dist.destroy_process_group()
 
 
+def fsdp2_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 15), torch.nn.ReLU(), torch.nn.Linear(15, 3))
+
+
+def _fsdp2_writer(rank: int, directory: str, port: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = fsdp2_model()
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch.manual_seed(rank)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optimizer_state}, checkpoint_id=directory)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                 cpu_offload=True))
+    if rank == 0:
+        torch.save(full, Path(directory).parent / "reference.pt")
+    dist.destroy_process_group()
+
+
+def write_fsdp2(directory: Path) -> Path:
+    """A training checkpoint of an FSDP2 (fully_shard) model and its optimizer, 2 ranks.
+
+    The full state dict, gathered by torch itself, is saved beside it as ``reference.pt``.
+    """
+    mp.spawn(_fsdp2_writer, args=(str(directory), free_port()), nprocs=WORLD, join=True)
+    return directory
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

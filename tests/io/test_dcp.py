@@ -32,3 +32,17 @@ def test_missing_data_file_is_reported(two_rank_dcp: Path, tmp_path: Path) -> No
     (broken / "__1_0.distcp").unlink()
     with pytest.raises(tg.CorruptCheckpointError, match="__1_0.distcp"):
         tg.open(broken)
+
+
+def test_fsdp2_training_checkpoint_loads_and_grafts(tmp_path: Path) -> None:
+    from tests.dcp_writer import fsdp2_model, write_fsdp2
+
+    path = write_fsdp2(tmp_path / "ckpt")
+    reference = torch.load(tmp_path / "reference.pt", weights_only=True)
+    with tg.open(path) as ckpt:
+        assert ckpt.weights_key == "model"
+        assert_same_state({k: ckpt.get(k) for k in ckpt.keys()}, reference)
+    model = fsdp2_model()
+    torch.nn.init.zeros_(model[0].weight)
+    assert tg.graft(path, model, strict=True).ok
+    assert_same_state(model.state_dict(), reference)

@@ -15,8 +15,9 @@ from .rules import Rule
 from .sides import Side, TensorInfo
 
 __all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
-           "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM", "Layout", "RotaryRows",
-           "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
+           "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
+           "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
+           "rotary_warning"]
 
 
 @dataclass(frozen=True)
@@ -240,10 +241,22 @@ def _sentence_transformers(attribute: str) -> Layout:
     )
 
 
+_LORA_FILE = re.compile(r"\.lora_[AB]\.weight$")
+
+PEFT_ADAPTER = Layout(
+    name="peft-adapter",
+    applies=lambda src, dst: (any(_LORA_FILE.search(k) for k in src.tensors)
+                              and any(".lora_A.default." in k for k in dst.tensors)),
+    renames=(Rule(r"\.(lora_A|lora_B|lora_magnitude_vector)\.(weight|bias)$", r".\1.default.\2"),
+             Rule(r"\.(lora_embedding_A|lora_embedding_B)$", r".\1.default")),
+)
+"""A PEFT adapter file (``save_pretrained``) into a ``PeftModel``: files leave out the adapter's
+name, the model's state dict has it (``lora_A.default.weight``)."""
+
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
 LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM,
-           QUANTIZED_PACKED, *SENTENCE_TRANSFORMERS)
+           QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:
