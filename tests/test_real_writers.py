@@ -277,3 +277,14 @@ def test_truncated_file_is_caught(writer: Writer, victim: str, tmp_path: Path) -
     broken.write_bytes(broken.read_bytes()[:-200])
     with pytest.raises(tg.CorruptCheckpointError):
         tg.graft(copy, writer.model())
+
+
+def test_deepspeed_model_states_file_alone_gives_the_module() -> None:
+    path = FIXTURES / "deepspeed" / "zero1" / "step1" / "mp_rank_00_model_states.pt"
+    with tg.open(path) as ckpt:
+        assert ckpt.format == "torch-zip" and ckpt.weights_key == "module"
+        assert ckpt.extras["ds_version"] == "0.19.8"
+    weights, _io = _reference(WRITERS[2])
+    loaded = tg.load(path)
+    for key, value in weights.items():  # ZeRO 1 in fp32: the module is the fp32 weights
+        assert torch.equal(loaded[key], value)
