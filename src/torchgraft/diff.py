@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,25 +57,42 @@ class DiffReport:
         """Return the report as JSON text."""
         return json.dumps(self.to_dict(), **kwargs)
 
-    def __str__(self) -> str:
+    def headline(self) -> str:
+        """The one-line verdict: ``identical: 12 tensors`` or ``differ: ...``."""
         removed = "; ".join(f"'{p}' removed from {side.upper()}'s names"
                             for side, p in self.wrappers.items() if p)
         note = f" ({removed})" if removed else ""
         if self.identical:
-            return f"identical: {len(self.equal)} tensors{note}"
-        lines = [f"differ: {len(self.equal)} equal, {len(self.values)} with other values, "
-                 f"{len(self.shapes)} with other shapes, {len(self.dtypes)} with other dtypes, "
-                 f"{len(self.only_in_a)} only in A, {len(self.only_in_b)} only in B{note}"]
-        lines += [f"  only in A  {k}" for k in self.only_in_a]
-        lines += [f"  only in B  {k}" for k in self.only_in_b]
-        lines += [f"  shape      {k}  {a} vs {b}" for k, (a, b) in self.shapes.items()]
-        lines += [f"  dtype      {k}  {a} vs {b}" for k, (a, b) in self.dtypes.items()]
-        lines += [f"  values     {k}  max |a - b| = {d:.3g}" for k, d in self.values.items()]
-        return "\n".join(lines)
+            return f"identical: {len(self.equal)} tensor{'' if len(self.equal) == 1 else 's'}" \
+                   f"{note}"
+        parts = [(len(self.values), "with other values"), (len(self.shapes), "with other shapes"),
+                 (len(self.dtypes), "with other dtypes"), (len(self.only_in_a), "only in A"),
+                 (len(self.only_in_b), "only in B")]
+        counts = ", ".join(f"{n} {what}" for n, what in parts if n)
+        return f"differ: {len(self.equal)} equal, {counts}{note}"
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """(status, key, detail) for every key that differs."""
+        return [*(("only in A", k, "") for k in self.only_in_a),
+                *(("only in B", k, "") for k in self.only_in_b),
+                *(("shape", k, f"{a} vs {b}") for k, (a, b) in self.shapes.items()),
+                *(("dtype", k, f"{a} vs {b}") for k, (a, b) in self.dtypes.items()),
+                *(("values", k, f"max |a - b| = {d:.3g}") for k, d in self.values.items())]
+
+    def __str__(self) -> str:
+        return "\n".join([self.headline(), *(f"  {s:<9}  {k}  {d}".rstrip()
+                                              for s, k, d in self.lines())])
+
+
+def _comparable(tensor: torch.Tensor) -> torch.Tensor:
+    """On the CPU; a quantized tensor as its integers and scale (equal when all are)."""
+    tensor = tensor.cpu()
+    return tensor.dequantize() if tensor.is_quantized else tensor
 
 
 def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
-         keep_wrappers: bool = False) -> DiffReport:
+         keep_wrappers: bool = False,
+         progress: Callable[[int, int], None] | None = None) -> DiffReport:
     """Compare two sets of weights by name, reading one pair of tensors at a time.
 
     Args:
@@ -83,6 +101,7 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
         unsafe: For checkpoint paths: let pickles call code outside the allow-list.
         keep_wrappers: Compare names as stored; by default the wrapper prefix every name of a
             side shares (``module.``, ``_orig_mod.``) is removed first, and the report says so.
+        progress: Called with (tensors compared, total).
 
     Returns:
         The differences.
@@ -107,7 +126,9 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
                 refs_b = {bare_b[k]: v for k, v in refs_b.items()}
         report.only_in_a = [k for k in refs_a if k not in refs_b]
         report.only_in_b = [k for k in refs_b if k not in refs_a]
-        for name, ref_a in refs_a.items():
+        for done, (name, ref_a) in enumerate(refs_a.items(), start=1):
+            if progress is not None:
+                progress(done, len(refs_a))
             ref_b = refs_b.get(name)
             if ref_b is None:
                 continue
@@ -116,7 +137,7 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
                 continue
             if ref_a.meta.dtype != ref_b.meta.dtype:
                 report.dtypes[name] = (dtype_name(ref_a.meta.dtype), dtype_name(ref_b.meta.dtype))
-            x, y = ref_a.read().cpu(), ref_b.read().cpu()
+            x, y = (_comparable(ref_a.read()), _comparable(ref_b.read()))
             if x.dtype == y.dtype and torch.equal(x, y):
                 report.equal.append(name)
                 continue

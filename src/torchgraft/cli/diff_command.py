@@ -6,11 +6,17 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
 
 from ..diff import diff
-from .render import print_json
+from .render import print_json, print_rows
+from .text import one_line
 
-__all__ = ["diff_command"]
+__all__ = ["SHOWN", "diff_command"]
+
+#: Differences of one kind listed without --details.
+SHOWN = 10
 
 
 @click.command("diff")
@@ -21,15 +27,32 @@ __all__ = ["diff_command"]
                                              "only.")
 @click.option("--keep-wrappers", is_flag=True,
               help="Compare names as stored (by default 'module.' and the like are removed).")
-def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: bool) -> int:
+@click.option("--details", is_flag=True,
+              help=f"List every difference (default: the first {SHOWN} of each kind).")
+@click.option("--quiet", "-q", is_flag=True, help="Print the one-line verdict only.")
+def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: bool,
+                 details: bool, quiet: bool) -> int:
     """Compare the weights of checkpoints A and B (any formats).
 
     Exit codes: 0 identical, 1 they differ, 2 bad input.
     """
-    report = diff(a, b, unsafe=unsafe, keep_wrappers=keep_wrappers)
+    with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
+        task = bar.add_task("comparing", total=None)
+        report = diff(a, b, unsafe=unsafe, keep_wrappers=keep_wrappers,
+                      progress=lambda done, total: bar.update(task, completed=done,
+                                                              total=total))
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, report.to_dict())
-    else:
-        console.print(str(report), highlight=False)
+        return 0 if report.identical else 1
+    console.print(escape(one_line(report.headline())), highlight=False)
+    if not quiet:
+        rows = report.lines()
+        shown: list[tuple[str, str, str]] = []
+        for kind in dict.fromkeys(r[0] for r in rows):
+            group = [r for r in rows if r[0] == kind]
+            shown += group if details else group[:SHOWN]
+            if not details and len(group) > SHOWN:
+                shown.append((kind, f"... {len(group) - SHOWN} more", "(--details lists all)"))
+        print_rows(console, shown)
     return 0 if report.identical else 1

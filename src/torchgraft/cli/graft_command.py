@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from ..graft import GraftError, GraftReport, graft
@@ -14,7 +15,8 @@ from ..graft.adapt import LabelMap
 from ..save import resolve_format, save
 from .factory import build_model
 from .options import source_options
-from .render import print_json, print_report
+from .render import print_json, print_report, safe_text
+from .text import one_line, shorten
 
 __all__ = ["graft_command"]
 
@@ -58,12 +60,17 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
 @source_options
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Also write the report as a page: both module trees, linked and coloured.")
+@click.option("--details", is_flag=True, help="List every renamed key (default: a summary).")
+@click.option("--quiet", "-q", is_flag=True, help="Print the one-line verdict only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
                   rules: Path | None, match: str, init: str, label_map: str | None,
                   no_adapt: bool, strict: bool,
                   overwrite: bool, unsafe: bool, weights_key: str | None,
-                  component: str | None, as_json: bool) -> int:
+                  component: str | None, html_path: Path | None, details: bool, quiet: bool,
+                  as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
     Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
@@ -75,7 +82,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     resolve_format(out, None, legacy=False)  # an output suffix no format writes: before any work
     rows = _label_map(label_map)
     model = build_model(model_spec, model_kwargs)
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("grafting", total=None)
         try:
             report: GraftReport = graft(
@@ -88,10 +95,20 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             report, failed = exc.report, str(exc)
     if failed is None:
         save(model, out, overwrite=overwrite)
+    if html_path is not None:
+        report.to_html(html_path)
     if as_json:
         print_json(console, {**report.to_dict(), "out": None if failed else str(out),
+                             "html": None if html_path is None else str(html_path),
                              "error": failed})
-    else:
-        print_report(console, report)
-        console.print(f"[red]{failed}[/red]" if failed else f"saved {out}")
+        return 0 if report.ok and failed is None else 1
+    print_report(console, report, details=details, quiet=quiet)
+    if failed:
+        console.print(f"[red]{safe_text(failed)}[/red]")
+    elif not quiet:
+        room = max(console.width - 14, 20)
+        console.print(f"saved {escape(shorten(one_line(str(out)), room))}", highlight=False)
+        if html_path is not None:
+            console.print(f"report page {escape(shorten(one_line(str(html_path)), room))}",
+                          highlight=False)
     return 0 if report.ok and failed is None else 1

@@ -12,9 +12,10 @@ from rich.table import Table
 from ..graft import GraftReport
 from ..inspect import CheckpointInfo
 from ..meta import dtype_name
-from .text import one_line
+from .text import one_line, plural, shorten
 
-__all__ = ["human_bytes", "print_info", "print_json", "print_report", "safe_text"]
+__all__ = ["human_bytes", "print_info", "print_json", "print_report", "print_rows", "safe_text",
+           "summarised"]
 
 
 def safe_text(text: str) -> str:
@@ -92,18 +93,60 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
 
 
 _STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta"}
+#: Row statuses that only say how a key was matched: summarised unless --details.
+_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure")
 
 
-def print_report(console: Console, report: GraftReport) -> None:
-    """Print a graft report: counts, then one line per key not plainly loaded.
+def print_rows(console: Console, rows: list[tuple[str, str, str]]) -> None:
+    """Print (status, key, detail) rows, one line each, fitted to the terminal's width.
+
+    Keys and details are shortened in the middle, never wrapped, so 80 columns read well.
+
+    Args:
+        console: Where to print.
+        rows: The rows.
+    """
+    width = max(console.width, 40)
+    for state, key, detail in rows:
+        room = width - 13
+        key_room = min(len(key), max(room * 2 // 3, room - len(detail) - 2))
+        shown_key = shorten(one_line(key), key_room)
+        shown_detail = shorten(one_line(detail), room - len(shown_key) - 2)
+        style = _STATUS_STYLE.get(state, "cyan")
+        line = f"  [{style}]{state:<9}[/{style}] {escape(shown_key)}  {escape(shown_detail)}"
+        console.print(line.rstrip(), highlight=False, soft_wrap=True)
+
+
+def summarised(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Rows with the plainly renamed keys summarised: one row per matching step."""
+    out: list[tuple[str, str, str]] = []
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for row in rows:
+        if row[0] in _MATCHED:
+            groups.setdefault(row[0], []).append(row)
+        else:
+            out.append(row)
+    summary = [(state, plural(len(group), "key"),
+                f"e.g. {group[0][1]} {group[0][2]} (--details lists each)")
+               for state, group in groups.items()]
+    return summary + out
+
+
+def print_report(console: Console, report: GraftReport, *, details: bool = False,
+                 quiet: bool = False) -> None:
+    """Print a graft report: its headline, then one line per key not plainly loaded.
 
     Args:
         console: Where to print.
         report: The report.
+        details: List every renamed key, not a summary per matching step.
+        quiet: Print the headline only.
     """
-    counts = "  ".join(f"{k} [bold]{v}[/bold]" for k, v in report.counts().items())
-    status = "[green]ok[/green]" if report.ok else "[red]incomplete[/red]"
-    console.print(f"graft {status}: {counts}")
+    head = report.headline()
+    colour = "green" if report.ok else "red"
+    console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False)
+    if quiet:
+        return
     if report.max_abs_diff is not None:
         console.print(f"  max |output difference| = {report.max_abs_diff:.3g}")
     if report.divergence:
@@ -111,12 +154,4 @@ def print_report(console: Console, report: GraftReport) -> None:
     for warning in report.warnings:
         console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}")
     rows = report.lines()
-    if not rows:
-        return
-    table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for column in ("status", "key", "detail"):
-        table.add_column(column, overflow="fold")
-    for state, key, detail in rows:
-        style = _STATUS_STYLE.get(state, "cyan")
-        table.add_row(f"[{style}]{state}[/{style}]", safe_text(key), safe_text(detail))
-    console.print(table)
+    print_rows(console, rows if details else summarised(rows))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
+__all__ = ["one_line", "plural", "shorten"]
 
 
 def one_line(text: str) -> str:
@@ -15,3 +15,29 @@ def one_line(text: str) -> str:
         The text, ``\n`` and ``\x1b`` written out.
     """
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def shorten(text: str, width: int) -> str:
+    """Fit text in ``width`` characters by cutting its middle, keeping both ends readable.
+
+    A dotted key keeps its first and last parts (``encoder.layer.0...attention.self.query``),
+    so a key is shortened, never broken across lines.
+
+    Args:
+        text: The text.
+        width: The most characters to use (at least 5).
+
+    Returns:
+        The text, or its two ends joined by ``...``.
+    """
+    width = max(width, 5)
+    if len(text) <= width:
+        return text
+    keep = width - 3
+    head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2:]
+    return f"{head}...{tail}"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``: the count with its noun, singular or plural."""
+    return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"

@@ -132,7 +132,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         execute_plan(plan, opened.refs, state, progress=progress, assigned=assigned)
     finally:
         opened.close()
-    report = GraftReport.from_plan(plan)
+    report = GraftReport.from_plan(plan, targets=target_side.tensors,
+                                   sources=source_side.tensors)
     for key in still_on_meta(target) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "

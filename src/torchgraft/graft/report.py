@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_path
 from ..errors import TorchgraftError
+from .html import render_html
 from .plan import REINITIALISED, Plan, is_bookkeeping
 
 __all__ = ["GraftError", "GraftReport"]
@@ -34,6 +39,8 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        targets: Every target key, in the model's order (for :meth:`to_html`).
+        sources: Every source key, in stored order (for :meth:`to_html`).
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -48,11 +55,20 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    targets: list[str] = field(default_factory=list, repr=False)
+    sources: list[str] = field(default_factory=list, repr=False)
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> GraftReport:
-        """The report of a plan, once executed."""
-        report = cls()
+    def from_plan(cls, plan: Plan, *, targets: Iterable[str] = (),
+                  sources: Iterable[str] = ()) -> GraftReport:
+        """The report of a plan, once executed.
+
+        Args:
+            plan: The plan.
+            targets: Every target key, in the model's order.
+            sources: Every source key, in stored order.
+        """
+        report = cls(targets=list(targets), sources=list(sources))
         for step in plan.steps:
             report.loaded.append(step.target)
             report.mapping[step.target] = step.source
@@ -113,6 +129,23 @@ class GraftReport:
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
                 "divergence": self.divergence}
 
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as one self-contained HTML page (no network needed to view it).
+
+        Both module trees side by side, each target tensor linked to the source tensor that
+        filled it and coloured by how, the reason on hover, filters by kind.
+
+        Args:
+            path: Where to write the page.
+
+        Returns:
+            The path written.
+        """
+        destination = Path(path)
+        with atomic_path(destination, overwrite=True) as temporary:
+            temporary.write_text(render_html(self), encoding="utf-8")
+        return destination
+
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""
         return json.dumps(self.to_dict(), **kwargs)
@@ -131,9 +164,13 @@ class GraftReport:
         rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
         return rows
 
+    def headline(self) -> str:
+        """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros)."""
+        counts = ", ".join(f"{v} {k}" for k, v in self.counts().items() if v or k == "loaded")
+        return f"graft {'ok' if self.ok else 'INCOMPLETE'}: {counts}"
+
     def __str__(self) -> str:
-        counts = ", ".join(f"{v} {k}" for k, v in self.counts().items())
-        head = f"graft {'ok' if self.ok else 'INCOMPLETE'}: {counts}"
+        head = self.headline()
         if self.max_abs_diff is not None:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
         tail = [f"  warning   {w}" for w in self.warnings]

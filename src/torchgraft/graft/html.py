@@ -1,0 +1,169 @@
+"""The graft report as one self-contained HTML page: both module trees, side by side.
+
+Every target tensor is coloured by how it was filled (exact, wrapper, rule, layout, structure,
+adapted, re-initialised, tied, missing) and linked to the source tensor that filled it; every
+source tensor links back, or is marked unused. The reason is shown on hover, and checkboxes
+filter by kind. No network: styles and the few lines of script are inline.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .report import GraftReport
+
+__all__ = ["KINDS", "render_html"]
+
+#: Kinds of keys, in the order the filters list them, with their colours.
+KINDS: dict[str, str] = {
+    "exact": "#2e7d32", "wrapper": "#558b2f", "prefix": "#689f38", "rule": "#00838f",
+    "layout": "#1565c0", "structure": "#6a1b9a", "adapted": "#ef6c00",
+    "reinitialised": "#c62828", "tied": "#5d4037", "missing": "#b71c1c", "unused": "#757575",
+}
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}
+header{padding:12px 20px;background:#f5f5f5;border-bottom:1px solid #ddd}
+h1{font-size:18px;margin:0 0 6px}h2{font-size:15px;margin:8px 0}
+.ok{color:#2e7d32}.bad{color:#c62828}
+#filters{padding:8px 20px;border-bottom:1px solid #ddd;position:sticky;top:0;background:#fff}
+#filters label{margin-right:12px;white-space:nowrap;cursor:pointer}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px}
+main{display:grid;grid-template-columns:1fr 1fr;gap:16px;padding:0 20px 40px}
+details{margin-left:14px}summary{cursor:pointer;color:#444}
+.n{color:#999;font-size:12px}
+.t{margin-left:28px;padding:1px 6px;border-left:4px solid;font-family:ui-monospace,monospace;
+   font-size:13px;word-break:break-all}
+.t a{color:inherit;opacity:.75;margin-left:8px}
+.t:target{background:#fff59d}
+ul.notes{margin:4px 0;padding-left:20px}
+"""
+
+_SCRIPT = """
+document.querySelectorAll('#filters input').forEach(function (box) {
+  box.addEventListener('change', function () {
+    document.body.classList.toggle('hide-' + box.value, !box.checked);
+  });
+});
+"""
+
+
+def _target_kind(report: GraftReport, key: str) -> str:
+    if key in report.reinitialised:
+        return "reinitialised"
+    if key in report.tied:
+        return "tied"
+    if key in report.missing:
+        return "missing"
+    if key in report.adapted:
+        return "adapted"
+    return report.matched_by.get(key, "exact")
+
+
+def _target_note(report: GraftReport, key: str) -> str:
+    if key in report.mapping:
+        how = report.adapted.get(key) or f"matched by {report.matched_by[key]}"
+        return f"<- {report.mapping[key]}: {how}"
+    if key in report.tied:
+        return f"tied to {report.tied[key]}"
+    return report.reasons.get(key, "")
+
+
+def _tree(keys: Iterable[str]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for key in keys:
+        node = root
+        *path, _leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part + ".", {})
+        node[key] = None
+    return root
+
+
+def _render_tree(node: dict[str, Any], row: Any, out: list[str]) -> int:
+    count = 0
+    for name, child in node.items():
+        if child is None:
+            out.append(row(name))
+            count += 1
+            continue
+        inner: list[str] = []
+        n = _render_tree(child, row, inner)
+        out.append(f"<details open><summary>{html.escape(name.rstrip('.'))} "
+                   f"<span class=n>{n}</span></summary>{''.join(inner)}</details>")
+        count += n
+    return count
+
+
+def render_html(report: GraftReport, *, title: str = "torchgraft graft report") -> str:
+    """Render a graft report as a self-contained HTML page.
+
+    Args:
+        report: The report.
+        title: The page title.
+
+    Returns:
+        The page.
+    """
+    targets = report.targets or [*report.loaded, *report.reinitialised, *report.tied,
+                                 *report.missing]
+    sources = report.sources or [*dict.fromkeys([*report.mapping.values(), *report.unused])]
+    target_id = {k: f"t{i}" for i, k in enumerate(targets)}
+    source_id = {k: f"s{i}" for i, k in enumerate(sources)}
+    filled_by: dict[str, list[str]] = {}
+    for target, source in report.mapping.items():
+        filled_by.setdefault(source, []).append(target)
+    kinds: dict[str, int] = dict.fromkeys(KINDS, 0)
+
+    def target_row(key: str) -> str:
+        kind = _target_kind(report, key)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        link = ""
+        if key in report.mapping and report.mapping[key] in source_id:
+            link = (f'<a href="#{source_id[report.mapping[key]]}">&larr; '
+                    f"{html.escape(report.mapping[key])}</a>")
+        return (f'<div class="t kind-{kind}" id="{target_id[key]}" data-kind="{kind}" '
+                f'title="{html.escape(key + " | " + kind + ": " + _target_note(report, key))}">'
+                f"<b>{html.escape(key.rpartition('.')[2])}</b>{link}</div>")
+
+    def source_row(key: str) -> str:
+        users = filled_by.get(key, [])
+        kind = _target_kind(report, users[0]) if users else "unused"
+        if not users:
+            kinds["unused"] += 1
+        note = ", ".join(users) if users else report.reasons.get(key, "not used")
+        links = "".join(f'<a href="#{target_id[u]}">&rarr; {html.escape(u)}</a>' for u in users
+                        if u in target_id)
+        return (f'<div class="t kind-{kind}" id="{source_id[key]}" data-kind="{kind}" '
+                f'title="{html.escape(key + " | " + ("fills " if users else "unused: ") + note)}">'
+                f"<b>{html.escape(key.rpartition('.')[2])}</b>{links}</div>")
+
+    target_html: list[str] = []
+    _render_tree(_tree(targets), target_row, target_html)
+    source_html: list[str] = []
+    _render_tree(_tree(sources), source_row, source_html)
+    counts = report.headline().partition(": ")[2]
+    verdict = (f'<span class="{"ok" if report.ok else "bad"}">graft '
+               f'{"ok" if report.ok else "INCOMPLETE"}</span>')
+    notes = [*(["diverged: " + report.divergence] if report.divergence else []),
+             *report.warnings]
+    filters = "".join(
+        f'<label><input type=checkbox checked value="{kind}"><span class=swatch '
+        f'style="background:{colour}"></span>{kind} ({kinds.get(kind, 0)})</label>'
+        for kind, colour in KINDS.items() if kinds.get(kind))
+    colours = "".join(f".kind-{k}{{border-color:{c};color:{c}}}.hide-{k} .kind-{k}"
+                      f"{{display:none}}" for k, c in KINDS.items())
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}{colours}</style></head><body>"
+        f"<header><h1>{verdict}: {html.escape(counts)}</h1>"
+        + (f"<ul class=notes>{''.join(f'<li>{html.escape(n)}</li>' for n in notes)}</ul>"
+           if notes else "")
+        + f"</header><nav id=filters>{filters}</nav><main>"
+        f"<section id=target><h2>model: {len(targets)} tensors</h2>{''.join(target_html)}"
+        f"</section><section id=source><h2>checkpoint: {len(sources)} tensors</h2>"
+        f"{''.join(source_html)}</section></main><script>{_SCRIPT}</script></body></html>"
+    )

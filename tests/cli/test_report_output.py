@@ -1,0 +1,152 @@
+"""What graft and diff print, at 80 columns, by default, with --details and --quiet; --html."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchgraft as tg
+
+MODELS = '''
+from torch import nn
+def long_names(blocks=12, classes=7):
+    model = nn.Module()
+    model.encoder = nn.ModuleDict({
+        f"transformer_block_number_{i}": nn.ModuleDict({
+            "self_attention_query_projection": nn.Linear(8, 8),
+            "feed_forward_intermediate_dense": nn.Linear(8, 16),
+        }) for i in range(blocks)})
+    model.classification_head_projection = nn.Linear(8, classes)
+    return model
+'''
+
+
+def _run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torchgraft", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "longmodels.py").write_text(MODELS)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import longmodels  # type: ignore[import-not-found]
+
+        trained = longmodels.long_names(classes=5)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("longmodels", None)
+    wrapper = nn.Module()
+    wrapper.model = trained
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"state_dict": wrapper.state_dict()}, ckpt)
+    return tmp_path / "longmodels.py", ckpt
+
+
+def test_default_output_summarises_renames_and_fits_80_columns(
+        tmp_path: Path, setup: tuple[Path, Path]) -> None:
+    models, ckpt = setup
+    result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
+                  str(tmp_path / "out.pt"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert lines[0] == "graft ok: 48 loaded, 48 renamed, 2 reinitialised, 2 unused"
+    renamed = [line for line in lines if line.split()[:1] == ["wrapper"]]  # 'model.' removed
+    assert len(renamed) == 1 and "48 keys" in renamed[0] and "--details" in renamed[0]
+    reinit = [line for line in lines if line.split()[:1] == ["reinit"]]
+    assert len(reinit) == 2 and all("..." in line for line in reinit)  # shortened, not wrapped
+    assert "classification_head_projection.weight" in reinit[0]
+
+
+def test_details_lists_every_key_and_quiet_only_the_verdict(
+        tmp_path: Path, setup: tuple[Path, Path]) -> None:
+    models, ckpt = setup
+    base = ["graft", str(ckpt), "--model", f"{models}:long_names", "--overwrite"]
+    details = _run(*base, "--out", str(tmp_path / "a.pt"), "--details")
+    rows = [line for line in details.stdout.splitlines() if line.split()[:1] == ["wrapper"]]
+    assert len(rows) == 48
+    assert all(len(line) <= 80 for line in details.stdout.splitlines())
+    quiet = _run(*base, "--out", str(tmp_path / "b.pt"), "--quiet")
+    assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 1
+    assert quiet.stderr == ""
+
+
+def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) -> None:
+    models, ckpt = setup
+    result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
+                  str(tmp_path / "c.pt"), columns=200)
+    sys.path.insert(0, str(models.parent))
+    try:
+        import longmodels
+
+        report = tg.graft(ckpt, longmodels.long_names())
+    finally:
+        sys.path.remove(str(models.parent))
+        sys.modules.pop("longmodels", None)
+    assert result.stdout.splitlines()[0] == report.headline() == str(report).splitlines()[0]
+
+
+def test_diff_lists_ten_of_each_kind_unless_details(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save({f"layer.{i}.weight": torch.ones(2) for i in range(25)}, a)
+    torch.save({f"layer.{i}.weight": torch.ones(2) * 2 for i in range(25)}, b)
+    short = _run("diff", str(a), str(b))
+    assert short.returncode == 1
+    assert short.stdout.splitlines()[0] == "differ: 0 equal, 25 with other values"
+    assert "... 15 more" in short.stdout and len(short.stdout.splitlines()) == 12
+    full = _run("diff", str(a), str(b), "--details")
+    assert len(full.stdout.splitlines()) == 26
+    assert len(_run("diff", str(a), str(b), "-q").stdout.splitlines()) == 1
+
+
+def test_html_report_written_by_the_cli(tmp_path: Path, setup: tuple[Path, Path]) -> None:
+    models, ckpt = setup
+    page = tmp_path / "report.html"
+    result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
+                  str(tmp_path / "d.pt"), "--html", str(page))
+    assert result.returncode == 0 and "report page" in result.stdout
+    text = page.read_text()
+    assert "http://" not in text and "https://" not in text  # self-contained
+    assert text.count('class="t kind-wrapper"') == 2 * 48  # both sides of each renamed tensor
+    assert text.count('class="t kind-reinitialised"') == 2
+    assert text.count('class="t kind-unused"') == 2  # the old head's rows, not loaded
+
+
+def _browser() -> str | None:
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
+                                                         "google-chrome")) if p), None)
+
+
+def test_html_report_in_a_real_browser(tmp_path: Path) -> None:
+    """Headless Chromium opens the page of a real graft; its DOM and a screenshot are checked."""
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium here (Debian: apt-get install chromium)")
+    from tests.models import ResNet18, pretrained_resnet18
+
+    source = pretrained_resnet18(num_classes=1000)
+    path = tmp_path / "resnet.pt"
+    torch.save({"model": nn.DataParallel(source).state_dict()}, path)
+    report = tg.graft(path, ResNet18(num_classes=10, in_chans=4))
+    page = report.to_html(tmp_path / "report.html")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             "--window-size=1400,1000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "graft ok" in dom.stdout and "model: 122 tensors" in dom.stdout
+    assert 'data-kind="adapted"' in dom.stdout and 'data-kind="reinitialised"' in dom.stdout
+    shot = Path(os.environ.get("TORCHGRAFT_SCREENSHOT", tmp_path / "report.png"))
+    taken = subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
