@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,8 +131,20 @@ class MissingDependencyError(TorchgraftError):
     def __init__(self, package: str, *, extra: str, feature: str) -> None:
         self.package = package
         self.extra = extra
-        super().__init__(f"{feature} needs '{package}', which is not installed. "
-                         f"Install it with: pip install 'torchgraft[{extra}]'")
+        wanted = " ".join(f"'{r}'" for r in _extra_requirements(extra)) or package
+        super().__init__(f"{feature} needs '{package}', which is not installed. Install it "
+                         f"with: pip install {wanted} (or, in torchgraft's checkout: "
+                         f"bash scripts/setup.sh {extra})")
+
+
+def _extra_requirements(extra: str) -> list[str]:
+    """The packages an extra of torchgraft's installs, from the installed metadata."""
+    try:
+        requires = importlib.metadata.requires("torchgraft") or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [r.split(";")[0].strip() for r in requires
+            if f'extra == "{extra}"' in r.replace("'", '"')]
 
 
 @contextmanager
