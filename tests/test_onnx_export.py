@@ -42,3 +42,15 @@ def test_training_mode_is_restored_and_errors_are_ours(tmp_path: Path, model: Sm
         tg.export_onnx(model, torch.randn(1, 5, 8, 8), tmp_path / "y.onnx")
     with pytest.raises(tg.TorchgraftError, match="already exists"):
         tg.export_onnx(model, torch.randn(1, 3, 8, 8), tmp_path / "m.onnx")
+
+
+@pytest.mark.parametrize("out", ["net.pt", "net.onnx.bak", "net"])
+def test_cli_export_refuses_an_output_that_is_not_onnx(tmp_path: Path, out: str) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "torchgraft", "export", "tests.helpers:SmallNet",
+                             "--out", str(tmp_path / out), "--input-shape", "1,3,8,8"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "does not end with .onnx" in result.stderr
+    assert not (tmp_path / out).exists()

@@ -7,7 +7,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -203,7 +203,8 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
          format: str | None = None, legacy: bool = False,
          dtype: torch.dtype | str | None = None, overwrite: bool = False,
          metadata: Mapping[str, str] | None = None,
-         max_shard_size: int | str | None = None) -> list[Path]:
+         max_shard_size: int | str | None = None,
+         progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Save a model's or a state dict's weights so that they load anywhere.
 
     Every write is atomic (a temporary file beside the destination, fsynced, renamed), so a
@@ -223,6 +224,7 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
         overwrite: Replace an existing destination.
         metadata: String metadata for safetensors (and shard indexes).
         max_shard_size: Shard the weights (``"2GB"``, ``"500MiB"`` or bytes).
+        progress: Called with (tensors written, total).
 
     Returns:
         The paths written.
@@ -238,6 +240,6 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
         if source.module is not None else {}
     job = WriteJob(source.refs, parse_dtype(dtype) if dtype else None,
                    metadata={str(k): str(v) for k, v in (metadata or {}).items()},
-                   kinds=kinds, legacy=legacy)
+                   kinds=kinds, legacy=legacy, progress=progress)
     return write_job(job, path, format=format, overwrite=overwrite,
                      max_shard_size=max_shard_size)

@@ -49,6 +49,10 @@ def export_command(model_spec: str, checkpoint: Path | None, model_kwargs: str |
     Exit codes: 0 exported, 1 the graft left keys missing (nothing exported), 2 bad input.
     """
     console = Console(soft_wrap=as_json)
+    if out.suffix.lower() != ".onnx":
+        raise click.BadParameter(f"{out} does not end with .onnx: export writes an ONNX model "
+                                 "(use convert or graft --out for checkpoints)",
+                                 param_hint="'--out'")
     shape = _shape(input_shape)
     model = build_model(model_spec, model_kwargs).eval()
     report = graft(checkpoint, model, strict=strict) if checkpoint is not None else None

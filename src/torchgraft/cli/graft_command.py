@@ -81,9 +81,10 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
     resolve_format(out, None, legacy=False)  # an output suffix no format writes: before any work
     rows = _label_map(label_map)
-    model = build_model(model_spec, model_kwargs)
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
-        task = bar.add_task("grafting", total=None)
+        task = bar.add_task("building the model", total=None)
+        model = build_model(model_spec, model_kwargs)
+        bar.update(task, description="grafting")
         try:
             report: GraftReport = graft(
                 source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
@@ -93,8 +94,10 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, str(exc)
-    if failed is None:
-        save(model, out, overwrite=overwrite)
+        if failed is None:
+            bar.update(task, description="saving", completed=0, total=None)
+            save(model, out, overwrite=overwrite,
+                 progress=lambda done, total: bar.update(task, completed=done, total=total))
     if html_path is not None:
         report.to_html(html_path)
     if as_json:
