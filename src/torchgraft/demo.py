@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -10,6 +11,7 @@ import sys
 import types
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -22,7 +24,8 @@ from torch import nn
 
 from .graft import GraftReport
 
-__all__ = ["Example", "GraftStep", "LeNet", "LeNetBN", "graft_tour", "write_examples"]
+__all__ = ["Example", "GraftStep", "LeNet", "LeNetBN", "graft_tour", "plain_error",
+           "write_examples"]
 
 
 class LeNet(nn.Module):
@@ -82,20 +85,48 @@ def _pretrained() -> LeNet:
     return LeNet().eval()
 
 
+def plain_error(attempt: Callable[[], object]) -> str:
+    """Run the plain PyTorch way and return the error it gives, in one line ("" if none).
+
+    Args:
+        attempt: What a user would try, e.g. ``lambda: torch.load(path)``.
+
+    Returns:
+        ``"RuntimeError: Attempting to deserialize object on CUDA device 1..."``, or ``""``.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            attempt()
+    except Exception as exc:  # the point is to show whatever PyTorch raises
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        useful = next((line for line in lines if "Unsupported global" in line or
+                       "Missing key" in line or "size mismatch" in line), lines[0] if lines
+                      else "")
+        return f"{type(exc).__name__}: {useful}"
+    return ""
+
+
 @dataclass(frozen=True)
 class Example:
     """One example checkpoint.
 
     Attributes:
-        title: A one-line description.
-        problem: The problem it shows, in a user's words.
+        title: The problem, in a user's words.
+        problem: Where it comes from.
         path: Where it was written.
+        plain: What a user would try with plain PyTorch.
+        python: The torchgraft line to do it yourself (``{file}`` is the file's name).
+        cli: The command line to do it yourself.
         expect_refusal: True for the file that must be refused (a code payload).
     """
 
     title: str
     problem: str
     path: Path
+    plain: Callable[[], object]
+    python: str = 'tg.load("{file}")'
+    cli: str = "torchgraft inspect {file}"
     expect_refusal: bool = False
 
 
@@ -180,25 +211,39 @@ def write_examples(directory: Path) -> list[Example]:
     np.savez(d / "lenet.npz", **{k: v.numpy() for k, v in state.items()})
     with (d / "payload.pkl").open("wb") as f:
         pickle.dump({"conv1.weight": state["conv1.weight"].numpy(), "hook": _Payload()}, f)
+    def load_into_lenet(path: Path, loader: Callable[[Path], object] = torch.load) -> object:
+        return LeNet().load_state_dict(loader(path))  # type: ignore[arg-type]
+
     return [
-        Example("DataParallel state dict saved on cuda:1",
-                "trained on several GPUs, loaded on a CPU: 'module.' prefixes; 'Attempting to "
-                "deserialize object on a CUDA device'", d / "dataparallel_cuda1.pth"),
-        Example("training checkpoint (epoch, state_dict, optimizer)",
-                "myfile.pth.tar: weights nested in a training checkpoint", d / "myfile.pth.tar"),
-        Example("legacy (non-zip) file from a GPU", "a file for PyTorch < 1.6, from a GPU",
-                d / "from_pytorch_1_7_legacy.pth"),
-        Example("whole pickled model whose class is gone", "torch.load(path) of a whole model "
-                "fails without its code", d / "whole_model.pt"),
-        Example("safetensors", "weights from the Hugging Face world", d / "lenet.safetensors"),
-        Example("sharded safetensors with an index", "sharded checkpoints", index),
-        Example("torch.distributed.checkpoint directory", "a checkpoint written by several GPUs",
-                dcp_dir),
-        Example("PaddlePaddle .pdparams (paddle not needed)", "PaddlePaddle weights for "
-                "PyTorch", d / "lenet_bn.pdparams"),
-        Example("NumPy .npz", "weights kept as arrays", d / "lenet.npz"),
-        Example("pickle with a code payload", "safety: opening never runs code from the file",
-                d / "payload.pkl", expect_refusal=True),
+        Example("My model was trained on 2 GPUs with DataParallel; I load it on a laptop",
+                "a DataParallel state dict saved on cuda:1", d / "dataparallel_cuda1.pth",
+                lambda: load_into_lenet(d / "dataparallel_cuda1.pth")),
+        Example("The weights are inside a training checkpoint (myfile.pth.tar)",
+                "epoch, state_dict, optimizer in one file", d / "myfile.pth.tar",
+                lambda: load_into_lenet(d / "myfile.pth.tar",
+                                        lambda p: torch.load(p, map_location="cpu"))),
+        Example("A colleague's file from an old PyTorch, saved on a GPU",
+                "the pre-1.6 (non-zip) layout, from cuda:0", d / "from_pytorch_1_7_legacy.pth",
+                lambda: torch.load(d / "from_pytorch_1_7_legacy.pth")),
+        Example("Someone saved the whole model, and its code is gone",
+                "torch.save(model) of a class that no longer exists", d / "whole_model.pt",
+                lambda: torch.load(d / "whole_model.pt", map_location="cpu")),
+        Example("The weights come as safetensors",
+                "from the Hugging Face world", d / "lenet.safetensors",
+                lambda: torch.load(d / "lenet.safetensors")),
+        Example("The checkpoint is split into shards with an index",
+                "model-0000x-of-00002.safetensors", index,
+                lambda: torch.load(index), cli="torchgraft inspect {folder}"),
+        Example("The checkpoint was written by several GPUs (torch.distributed.checkpoint)",
+                "a DCP folder", dcp_dir, lambda: torch.load(dcp_dir)),
+        Example("The pretrained weights are PaddlePaddle's, and I have no paddle",
+                "a .pdparams file", d / "lenet_bn.pdparams",
+                lambda: torch.load(d / "lenet_bn.pdparams")),
+        Example("The weights were exported as NumPy arrays", "an .npz file", d / "lenet.npz",
+                lambda: torch.load(d / "lenet.npz")),
+        Example("I downloaded a checkpoint from a stranger", "a pickle that runs a command",
+                d / "payload.pkl", lambda: torch.load(d / "payload.pkl"),
+                python='tg.open("{file}")', expect_refusal=True),
     ]
 
 
@@ -212,6 +257,9 @@ class GraftStep:
         report: The graft report.
         check: What was compared, and the result.
         passed: Whether the check passed.
+        plain: The error plain PyTorch gives (``load_state_dict``), or ``""``.
+        python: The torchgraft line to do it yourself.
+        cli: The command line to do it yourself.
     """
 
     title: str
@@ -219,6 +267,9 @@ class GraftStep:
     report: GraftReport
     check: str
     passed: bool
+    plain: str = ""
+    python: str = ""
+    cli: str = ""
 
 
 def graft_tour(directory: Path) -> list[GraftStep]:
@@ -247,28 +298,43 @@ def graft_tour(directory: Path) -> list[GraftStep]:
     cases = [
         ("DataParallel checkpoint saved on cuda:1 -> bare LeNet on this CPU",
          "strip 'module.' and map cuda:1 to the CPU, in one call",
-         "dataparallel_cuda1.pth", LeNet(), x, expected, "outputs equal the trained model's"),
+         "dataparallel_cuda1.pth", LeNet(), x, expected, "outputs equal the trained model's",
+         "LeNet()"),
         ("pretrained LeNet -> a 4-channel, 21-class variant",
          "a new first conv and a new head; label_map keeps the 10 known classes",
          "lenet.safetensors", LeNet(num_classes=21, in_chans=4), x_rgbd, expected,
-         "with the 4th channel zero, its first 10 logits equal the pretrained model's"),
+         "with the 4th channel zero, its first 10 logits equal the pretrained model's",
+         "LeNet(num_classes=21, in_chans=4)"),
         ("PaddlePaddle LeNet-BN .pdparams -> PyTorch", "PaddlePaddle weights to PyTorch",
          "lenet_bn.pdparams", LeNetBN(), paddle_x, paddle_logits,
          "logits equal those Paddle computed (BatchNorm statistics renamed, Linear weights "
-         "transposed; paddle not needed)"),
+         "transposed; paddle not needed)", "LeNetBN()"),
         ("LeNet rewritten as nn.Sequential: no name in common",
          "the layers were renamed", "whole_model.pt", _sequential_lenet(), x,
-         expected, "matched by structure; outputs equal the trained model's"),
+         expected, "matched by structure; outputs equal the trained model's", "SequentialLeNet()"),
     ]
     label_maps: dict[str, list[int]] = {"lenet.safetensors": list(range(10))}
     steps = []
-    for title, problem, file, model, inputs, reference, claim in cases:
+    for title, problem, file, model, inputs, reference, claim, built in cases:
         model.eval()
+        plain = plain_error(functools.partial(_plain_load, model, directory / file))
         report = graft(directory / file, model, label_map=label_maps.get(file))
         with torch.no_grad():
             outputs = model(inputs)[:, : reference.shape[1]]
         diff = float((outputs - reference).abs().max())
         passed = report.ok and diff <= 1e-4 * float(reference.abs().max())
-        steps.append(GraftStep(title, problem, report, f"{claim}: max |diff| = {diff:.3g}",
-                               passed))
+        option = ", label_map=list(range(10))" if file in label_maps else ""
+        steps.append(GraftStep(
+            title, problem, report, f"{claim}: max |diff| = {diff:.3g}", passed, plain,
+            f'tg.graft("{file}", {built}{option})',
+            f"torchgraft graft {file} --model mymodels:{built.partition('(')[0]} --out out.pt"))
     return steps
+
+
+def _plain_load(model: nn.Module, path: Path) -> object:
+    """What a user would do with plain PyTorch: ``load_state_dict`` of the file's tensors."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return model.load_state_dict(load_file(path))
+    return model.load_state_dict(torch.load(path, map_location="cpu"))

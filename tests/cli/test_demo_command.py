@@ -1,9 +1,11 @@
-"""``torchgraft demo``: every example opens, loads on this CPU machine, and grafts."""
+"""``torchgraft demo``: the guided tour, through the entry point."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,39 +13,50 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def test_demo_json(run: Run, tmp_path: Path) -> None:
-    result = run("demo", "--json", "--dir", str(tmp_path))
+    result = run("demo", "--json", "--keep", str(tmp_path))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    steps = {step["title"]: step for step in data["inspect"]}
+    assert data["kept"] == str(tmp_path) and (tmp_path / "lenet.safetensors").exists()
+    steps = {step["file"]: step for step in data["inspect"]}
     assert len(steps) == 10
-    refused = steps.pop("pickle with a code payload")
+    refused = steps.pop("payload.pkl")
     assert refused["refused"] == "posix.system (os.system)"
+    assert "Weights only load failed" in refused["plain_error"]  # what torch.load says
     for step in steps.values():
         assert step["loaded_on"] == ["cpu"]
         assert step["loaded_tensors"] == step["info"]["totals"]["tensors"] > 0
-    cuda = steps["DataParallel state dict saved on cuda:1"]["info"]
-    assert cuda["saved_devices"] == ["cuda:1"]
-    assert cuda["wrappers"][0]["prefix"] == "module."
+        assert step["python"].startswith("tg.load(") and step["cli"].startswith("torchgraft ")
+    cuda = steps["dataparallel_cuda1.pth"]
+    assert "Attempting to deserialize object on a CUDA device" in cuda["plain_error"]
+    assert cuda["info"]["saved_devices"] == ["cuda:1"]
+    assert cuda["info"]["wrappers"][0]["prefix"] == "module."
     formats = {step["info"]["format"] for step in steps.values()}
     assert formats == {"torch-zip", "torch-legacy", "safetensors", "sharded", "dcp", "paddle",
                        "numpy"}
-    whole = steps["whole pickled model whose class is gone"]["info"]
-    assert whole["model_class"] == "my_lab_models.LeNet"
+    assert steps["whole_model.pt"]["info"]["model_class"] == "my_lab_models.LeNet"
 
     grafts = {step["title"]: step for step in data["graft"]}
     assert len(grafts) == 4 and all(step["passed"] for step in grafts.values())
     assert all(step["report"]["ok"] for step in grafts.values())
-    variant = grafts["pretrained LeNet -> a 4-channel, 21-class variant"]["report"]
-    assert variant["adapted"]["fc3.weight"] == \
+    variant = grafts["pretrained LeNet -> a 4-channel, 21-class variant"]
+    assert "size mismatch" in variant["plain_error"]
+    assert variant["report"]["adapted"]["fc3.weight"] == \
         "rows 10->21: 10 kept chosen by label_map, 11 new (init=keep)"
     renamed = grafts["LeNet rewritten as nn.Sequential: no name in common"]["report"]
     assert set(renamed["matched_by"].values()) == {"structure"}
 
 
-def test_demo_text(run: Run) -> None:
-    result = run("demo")
+def test_demo_text_is_a_tour_at_80_columns() -> None:
+    result = subprocess.run([sys.executable, "-m", "torchgraft", "demo"], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("loaded 10 tensors") == 8
-    assert "refused" in result.stdout
-    assert result.stdout.count("check passed") == 4
-    assert "Paddle stores Linear weights as [in, out]" in result.stdout
+    out = result.stdout
+    assert out.startswith("torchgraft gets any PyTorch checkpoint into any model")
+    assert out.count("  PyTorch ") == 14 and out.count("  do it ") == 14
+    assert out.count("passed ") >= 4 and "What the tour showed" in out and "Try next" in out
+    assert "transposed (Paddle stores" in out
+    assert "--keep DIR" in out and "temporary folder, now removed" in out
+    assert "seed" not in out.lower()
+    prose = [line for line in out.splitlines() if not line.lstrip().startswith(
+        ("tg.", "torchgraft ", "do it"))]
+    assert all(len(line) <= 80 for line in prose), [x for x in prose if len(x) > 80]

@@ -155,7 +155,9 @@ class GraftReport:
         rows = []
         for key in self.loaded:
             if key in self.adapted:
-                rows.append(("adapted", key, f"<- {self.mapping[key]}: {self.adapted[key]}"))
+                source = self.mapping[key]
+                rows.append(("adapted", key, self.adapted[key] if source == key
+                             else f"<- {source}: {self.adapted[key]}"))
             elif self.matched_by[key] != "exact":
                 rows.append((self.matched_by[key], key, f"<- {self.mapping[key]}"))
         rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
