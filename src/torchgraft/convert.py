@@ -17,6 +17,7 @@ from .graft.rules import RulesSpec, parse_rules, rename
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
 from .save import resolve_format, write_job
+from .units import human_bytes, plural
 from .wrappers import strip_wrappers
 
 __all__ = ["ConvertReport", "convert"]
@@ -64,7 +65,7 @@ class ConvertReport:
 
     def __str__(self) -> str:
         lines = [f"converted {self.source} ({self.source_format}) -> {self.format}: "
-                 f"{self.tensors} tensors, {self.bytes} bytes"]
+                 f"{plural(self.tensors, 'tensor')}, {human_bytes(self.bytes)}"]
         lines += [f"  wrote     {w}" for w in self.written]
         if self.wrappers_removed:
             lines.append(f"  wrappers  '{self.wrappers_removed}' removed from every key "
@@ -72,7 +73,7 @@ class ConvertReport:
         lines += [f"  renamed   {a} -> {b}" for a, b in self.renamed.items()]
         lines += [f"  dropped   {k}" for k in self.dropped]
         if self.cast:
-            lines.append(f"  cast      {len(self.cast)} tensors "
+            lines.append(f"  cast      {plural(len(self.cast), 'tensor')} "
                          f"({', '.join(sorted(set(self.cast.values())))})")
         lines += [f"  extra     {k} kept" for k in self.extras_kept]
         lines += [f"  extra     {k} not kept: {why}" for k, why in self.extras_dropped.items()]

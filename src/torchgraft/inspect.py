@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,13 @@ from .checkpoint import open as open_checkpoint
 from .meta import TensorMeta, dtype_name
 from .wrappers import Wrapper
 
-__all__ = ["CheckpointInfo", "DtypeTotals", "inspect"]
+__all__ = ["BUFFER_NAMES", "CheckpointInfo", "DtypeTotals", "inspect"]
+
+#: Names of tensors that are buffers, not parameters, in the modules that have them (a file
+#: does not say which is which): BatchNorm statistics in PyTorch's and Paddle's names,
+#: transformers' position ids and attention masks.
+BUFFER_NAMES = re.compile(r"(^|\.)(running_mean|running_var|num_batches_tracked|_mean|_variance"
+                          r"|position_ids|token_type_ids|masked_bias|attn\.bias)$")
 
 
 @dataclass
@@ -51,6 +58,8 @@ class CheckpointInfo:
         skipped_calls: Globals the pickle called that were recorded, not run.
         totals: Totals over all weights.
         by_dtype: Totals per dtype name.
+        buffers: Totals over the tensors that are buffers by name (:data:`BUFFER_NAMES`);
+            the rest are parameters.
     """
 
     path: str
@@ -65,6 +74,7 @@ class CheckpointInfo:
     skipped_calls: list[str] = field(default_factory=list)
     totals: DtypeTotals = field(default_factory=DtypeTotals)
     by_dtype: dict[str, DtypeTotals] = field(default_factory=dict)
+    buffers: DtypeTotals = field(default_factory=DtypeTotals)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the summary as JSON-ready data."""
@@ -78,6 +88,7 @@ class CheckpointInfo:
             "weight_sets": self.weight_sets,
             "totals": vars(self.totals),
             "by_dtype": {k: vars(v) for k, v in self.by_dtype.items()},
+            "buffers": vars(self.buffers),
             "extras": self.extras,
             "skipped_calls": self.skipped_calls,
             "tensors": [{"name": name, **meta.to_dict()} for name, meta in self.tensors],
@@ -109,7 +120,9 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
             weights_key=ckpt.weights_key, model_class=ckpt.model_class,
             weight_sets=ckpt.weight_sets, extras=ckpt.extras, skipped_calls=ckpt.skipped_calls,
         )
-    for _name, meta in info.tensors:
+    for name, meta in info.tensors:
         info.totals.add(meta)
+        if BUFFER_NAMES.search(name):
+            info.buffers.add(meta)
         info.by_dtype.setdefault(dtype_name(meta.dtype), DtypeTotals()).add(meta)
     return info

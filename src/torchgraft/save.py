@@ -73,11 +73,12 @@ def resolve_format(path: Path, format: str | None, *, legacy: bool = False) -> F
             fmt = writers["dcp"]
         else:
             raise TorchgraftError(f"cannot tell the format from '{path.suffix}'; pass format= "
-                                  f"one of {', '.join(writers)}", path=path)
+                                  f"(CLI: --format) one of {', '.join(writers)}", path=path)
     elif format in writers:
         fmt = writers[format]
     else:
-        raise TorchgraftError(f"format={format!r}: use one of {', '.join(writers)}")
+        raise TorchgraftError(f"format={format!r} (CLI: --format): use one of "
+                              f"{', '.join(writers)}")
     if legacy and fmt.writes != "torch":
         raise TorchgraftError(f"legacy=True is for torch files, not {fmt.writes}", path=path)
     return fmt

@@ -31,7 +31,7 @@ def test_table(run: Run, dp_file: Path) -> None:
     out = result.stdout
     assert "torch-zip" in out and "cuda:1" in out
     assert "'module.' (DataParallel / DistributedDataParallel)" in out
-    assert "under 'state_dict'" in out and '"epoch": 4' in out
+    assert "under 'state_dict'" in out and 'epoch: 4' in out
     assert re.search(r"^module\.conv\.weight +\(8, 3, 3, 3\) +float32 *$", out, re.MULTILINE)
 
 
@@ -128,3 +128,23 @@ def test_names_from_a_file_are_shown_safely(run: Run, tmp_path: Path) -> None:
     assert "line\\nbreak\\x1b[31m" in result.stdout and "\x1b[31m" not in result.stdout
     missing = run("inspect", str(tmp_path / "no\nsuch.pt"))
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_summary_reads_well_at_80_columns(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    path = tmp_path / "one.pth"
+    torch.save({"epoch": 1, "history": list(range(100)), "config": {"a": {"b": {"c": {"d": 1}}}},
+                "note": "x" * 300, "state_dict": model.state_dict()}, path)
+    result = subprocess.run([sys.executable, "-m", "torchgraft", "inspect", str(path)],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "COLUMNS": "80"})
+    out = result.stdout
+    assert result.returncode == 0 and all(len(line) <= 80 for line in out.splitlines())
+    assert "values  120 in parameters, 9 in 3 buffers" in out  # BatchNorm statistics apart
+    assert "int64: 1 tensor, 1 value, 8 B" in out  # singular where it is one
+    assert "history: [100 items: 0, 1, 2, ...]" in out and "d: " not in out  # summarised
+    assert '    note: "xxx' in out and "..." in out

@@ -21,8 +21,9 @@ from ..demo import Example, GraftStep, graft_tour, plain_error, write_examples
 from ..errors import UnsafeCheckpointError
 from ..inspect import inspect as inspect_checkpoint
 from ..load import load
-from .render import human_bytes, print_json, print_rows, summarised
-from .text import one_line, plural
+from ..units import human_bytes, plural
+from .render import print_json, print_rows, summarised
+from .text import one_line
 
 __all__ = ["demo"]
 

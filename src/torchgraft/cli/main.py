@@ -40,7 +40,8 @@ COMMANDS = {
                 "Convert checkpoint SRC (any format) to DST, one tensor in memory at a time."),
     "export": ("export_command", "export_command",
                "Build MODULE:FACTORY, graft --checkpoint into it, and export it to ONNX."),
-    "demo": ("demo_command", "demo", "A guided tour: example checkpoints opened and grafted."),
+    "demo": ("demo_command", "demo",
+             "A guided tour: ten checkpoint problems, the plain PyTorch error, and the fix."),
 }
 
 

@@ -12,9 +12,10 @@ from rich.table import Table
 from ..graft import GraftReport
 from ..inspect import CheckpointInfo
 from ..meta import dtype_name
-from .text import one_line, plural, shorten
+from ..units import human_bytes, plural
+from .text import one_line, shorten
 
-__all__ = ["human_bytes", "print_info", "print_json", "print_report", "print_rows", "safe_text",
+__all__ = ["extras_tree", "print_info", "print_json", "print_report", "print_rows", "safe_text",
            "summarised"]
 
 
@@ -28,16 +29,6 @@ def safe_text(text: str) -> str:
         The text with ``\n``, ``\x1b`` and the like written out, and ``[`` escaped.
     """
     return escape(one_line(text))
-
-
-def human_bytes(n: int) -> str:
-    """Format a byte count, e.g. ``1.0 GiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def print_json(console: Console, data: Any) -> None:
@@ -59,8 +50,9 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         ("format", info.format),
         ("saved on", ", ".join(info.saved_devices) or "-"),
         ("wrappers", ", ".join(f"'{w.prefix}' ({w.source})" for w in info.wrappers) or "none"),
-        ("weights", f"{t.tensors} tensors, {t.parameters:,} parameters, {human_bytes(t.bytes)}"
+        ("weights", f"{plural(t.tensors, 'tensor')}, {human_bytes(t.bytes)}"
                     + (f" under '{info.weights_key}'" if info.weights_key else "")),
+        ("values", _values(info)),
     ]
     if info.model_class:
         facts.append(("model class", f"{info.model_class} (not imported)"))
@@ -70,17 +62,25 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     others = {k: n for k, n in info.weight_sets.items() if k != info.weights_key}
     if others:
         facts.append(("other weights", ", ".join(f"'{k}' ({n})" for k, n in others.items())))
+    room = max(console.width - 17, 30)
     for key, value in facts:
-        console.print(f"  [cyan]{key:>13}[/cyan]  {safe_text(str(value))}")
+        text = one_line(str(value))
+        text = text if len(text) <= room else text[:room - 3] + "..."
+        console.print(f"  [cyan]{key:>13}[/cyan]  {escape(text)}", highlight=False)
     if len(info.by_dtype) > 1:
         for name, totals in info.by_dtype.items():
-            console.print(f"  {'':>13}  {name}: {totals.tensors} tensors, "
-                          f"{totals.parameters:,} parameters, {human_bytes(totals.bytes)}")
+            console.print(f"  {'':>13}  {name}: {plural(totals.tensors, 'tensor')}, "
+                          f"{plural(totals.parameters, 'value')}, {human_bytes(totals.bytes)}")
     if info.extras:
-        text = json.dumps(info.extras, default=str)
-        console.print(f"  [cyan]{'extras':>13}[/cyan]  "
-                      f"{safe_text(text if len(text) <= 300 else text[:297] + '...')}",
-                      highlight=False)
+        console.print(f"  [cyan]{'extras':>13}[/cyan]")
+        width = max(console.width - 4, 40)
+        lines = extras_tree(info.extras)
+        for line in lines[:_TREE_LINES]:
+            console.print(f"    {escape(shorten(one_line(line), width))}", highlight=False,
+                          soft_wrap=True)
+        if len(lines) > _TREE_LINES:
+            console.print(f"    ... {plural(len(lines) - _TREE_LINES, 'more line')} "
+                          "(--json shows everything)")
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for column in ("name", "shape", "dtype"):
         table.add_column(column)
@@ -90,6 +90,57 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     console.print(table)
     if len(shown) < len(info.tensors):
         console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")
+
+
+def _values(info: CheckpointInfo) -> str:
+    """Numbers stored, parameters and buffers apart (buffers known by their names)."""
+    buffers = info.buffers
+    params = info.totals.parameters - buffers.parameters
+    text = f"{params:,} in parameters"
+    if buffers.tensors:
+        text += f", {buffers.parameters:,} in {plural(buffers.tensors, 'buffer')} (statistics, ids)"
+    return text
+
+
+#: Extras deeper than this, or with more entries, are summarised.
+_TREE_DEPTH = 3
+_TREE_ITEMS = 12
+_TREE_LINES = 30
+
+
+def extras_tree(extras: dict[str, Any]) -> list[str]:
+    """Extras as an indented tree: long lists, deep dicts and long strings summarised.
+
+    Args:
+        extras: Plain data.
+
+    Returns:
+        Lines, each ``key: value`` or ``key:`` followed by its children, indented.
+    """
+    lines: list[str] = []
+
+    def walk(value: Any, key: str, depth: int) -> None:
+        pad = "  " * depth
+        if isinstance(value, dict) and value:
+            if depth >= _TREE_DEPTH:
+                lines.append(f"{pad}{key}: {{{plural(len(value), 'entry', 'entries')}}}")
+                return
+            lines.append(f"{pad}{key}:")
+            for i, (k, v) in enumerate(value.items()):
+                if i == _TREE_ITEMS:
+                    lines.append(f"{pad}  ... {len(value) - i} more")
+                    break
+                walk(v, str(k), depth + 1)
+        elif isinstance(value, (list, tuple)) and len(value) > 4:
+            lines.append(f"{pad}{key}: [{plural(len(value), 'item')}: "
+                         f"{json.dumps(value[:3], default=str)[1:-1]}, ...]")
+        else:
+            text = json.dumps(value, default=str)
+            lines.append(f"{pad}{key}: {text if len(text) <= 80 else text[:77] + '...'}")
+
+    for k, v in extras.items():
+        walk(v, str(k), 0)
+    return lines
 
 
 _STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta"}

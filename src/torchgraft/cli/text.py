@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line", "plural", "shorten"]
+__all__ = ["one_line", "shorten"]
 
 
 def one_line(text: str) -> str:
@@ -37,7 +37,3 @@ def shorten(text: str, width: int) -> str:
     head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2:]
     return f"{head}...{tail}"
 
-
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """``1 tensor``, ``2 tensors``: the count with its noun, singular or plural."""
-    return f"{count:,} {noun if count == 1 else (nouns or noun + 's')}"
