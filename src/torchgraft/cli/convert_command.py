@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from ..convert import convert
 from .options import source_options
 from .render import print_json
+from .text import one_line
 
 __all__ = ["convert_command"]
 
@@ -31,17 +33,18 @@ __all__ = ["convert_command"]
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let SRC's pickle run code. Trusted files only.")
 @source_options
+@click.option("--quiet", "-q", is_flag=True, help="Print the one-line summary only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
                     rules: Path | None, drop_extras: bool, max_shard_size: str | None,
                     keep_wrappers: bool, overwrite: bool, unsafe: bool, weights_key: str | None,
-                    component: str | None, as_json: bool) -> int:
+                    component: str | None, quiet: bool, as_json: bool) -> int:
     """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
 
     Exit codes: 0 written, 2 bad input.
     """
     console = Console(soft_wrap=as_json)
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("converting", total=None)
         report = convert(src, dst, format=fmt, dtype=dtype, legacy=legacy, rules=rules,
                          drop_extras=drop_extras, max_shard_size=max_shard_size,
@@ -52,5 +55,6 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
     if as_json:
         print_json(console, report.to_dict())
     else:
-        console.print(str(report), highlight=False)
+        lines = [one_line(line) for line in str(report).splitlines()]
+        console.print(escape("\n".join(lines[:1] if quiet else lines)), highlight=False)
     return 0
