@@ -170,7 +170,7 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
         with reading(path), _naming(name):
             ref.read_into(out)
 
-    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key)
+    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span)
 
 
 @contextlib.contextmanager

@@ -119,16 +119,21 @@ class TensorRef:
         read_into: A function filling a contiguous CPU tensor of :attr:`meta`'s shape and dtype
             straight from the file, without an intermediate copy; ``None`` if the format
             cannot.
+        span: Where the tensor's bytes lie in a file, contiguous and exactly as stored: a
+            function giving ``(path, offset)`` (it may read a zip header), or ``None``. Writers
+            copy such tensors file to file without reading them into memory.
     """
 
-    __slots__ = ("_read", "_read_into", "alias_key", "meta")
+    __slots__ = ("_read", "_read_into", "alias_key", "meta", "span")
 
     def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor],
                  read_into: Callable[[torch.Tensor], None] | None = None, *,
-                 alias_key: Hashable | None = None) -> None:
+                 alias_key: Hashable | None = None,
+                 span: Callable[[], tuple[str, int]] | None = None) -> None:
         self.meta = meta
         self._read = read
         self._read_into = read_into
+        self.span = span
         #: Equal for references to the very same data (tied weights); by default a reference
         #: is only its own alias.
         self.alias_key: Hashable = alias_key if alias_key is not None else ("ref", id(self))

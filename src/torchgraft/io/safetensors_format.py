@@ -18,6 +18,7 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions, WriteJob, unwritable
+from .copy import FileCopier
 from .source import ByteSource, FileSource
 
 __all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "WEIGHTS_KEY", "read_header",
@@ -192,11 +193,14 @@ def write(job: WriteJob, path: Path) -> None:
     header = {"__metadata__": metadata, **header}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
+    with path.open("wb", buffering=0) as f, FileCopier(f.fileno()) as copier:
+        copier.write(struct.pack("<Q", len(text)) + text)
         for count, name in enumerate(job.tensors, start=1):
             if name in header:
-                f.write(job.read(name).reshape(-1).view(torch.uint8).numpy().data)
+                ref = job.tensors[name]
+                if ref.span is None or job.out_dtype(ref) != ref.meta.dtype or \
+                        not copier.copy(*ref.span(), ref.meta.nbytes, what=f"'{name}'"):
+                    copier.write(job.read(name).reshape(-1).view(torch.uint8).numpy().data)
             job.done(count)
 
 
@@ -208,7 +212,7 @@ def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> Tensor
     def read_into(out: torch.Tensor) -> None:
         source.read_into(offset, out, what=f"tensor '{name}'")
 
-    return TensorRef(meta, read, read_into)
+    return TensorRef(meta, read, read_into, span=lambda: (source.name, offset))
 
 
 FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic,

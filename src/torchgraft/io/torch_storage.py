@@ -118,8 +118,12 @@ class StorageTensors(ABC):
             start = self.locate(storage) + offset * view_dtype.itemsize
             cast(FileSource, self.source).read_into(start, out, what=f"storage '{storage.key}'")
 
+        def span() -> tuple[str, int]:
+            return self.source.name, self.locate(storage) + offset * view_dtype.itemsize
+
         direct = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
                   and stride == contiguous_strides(size) and self.stored_plainly(storage))
         return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read,
                          read_into if direct else None,
-                         alias_key=(id(self), storage, offset, size, stride, view_dtype))
+                         alias_key=(id(self), storage, offset, size, stride, view_dtype),
+                         span=span if direct else None)
