@@ -94,3 +94,47 @@ def test_a_dcp_overwrite_killed_between_its_moves_is_restored(tmp_path: Path) ->
     with pytest.raises(tg.TorchgraftError, match="already exists"):
         tg.save({"w": torch.zeros(2)}, target)  # the next write restores the old one first
     assert torch.equal(tg.load(target)["w"], torch.ones(2)) and not work.exists()
+
+
+_WRITER = """
+import sys, torch, torchgraft as tg
+value, target, kind = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+state = {f"layer{i}.weight": torch.full((256, 256), value) for i in range(24)}
+sharded = {"max_shard_size": 300_000} if kind == "sharded" else {}
+print("ready", flush=True)
+tg.save(state, target, overwrite=True, **sharded)
+"""
+
+
+@pytest.mark.parametrize("kind", ["single", "sharded", "dcp"])
+def test_kill_9_at_any_moment_leaves_old_or_new_never_a_mix(tmp_path: Path, kind: str) -> None:
+    """Real kills (SIGKILL) of overwrites at spread-out moments: what loads is whole."""
+    import random
+    import signal
+    import time
+
+    name = {"single": "model.safetensors", "sharded": "model.safetensors", "dcp": "ckpt"}[kind]
+    target = tmp_path / "out" / name
+    opened = target.parent if kind == "sharded" else target
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    subprocess.run([sys.executable, str(script), "1", str(target), kind], check=True,
+                   capture_output=True)
+    rng = random.Random(7)
+    for attempt in range(6):
+        value = float(attempt + 2)
+        writer = subprocess.Popen([sys.executable, str(script), str(value), str(target), kind],
+                                  stdout=subprocess.PIPE, text=True)
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.25))
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        loaded = tg.load(opened)
+        assert len(loaded) == 24
+        values = {float(t.flatten()[0]) for t in loaded.values()}
+        assert len(values) == 1, f"a mix of writes: {sorted(values)}"
+        assert all(torch.all(t == t.flatten()[0]) for t in loaded.values())
+    subprocess.run([sys.executable, str(script), "99", str(target), kind], check=True,
+                   capture_output=True)  # the next write cleans what the killed ones left
+    assert not [p for p in target.parent.iterdir() if ".tg-" in p.name]
+    assert {float(t.flatten()[0]) for t in tg.load(opened).values()} == {99.0}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import CheckpointWriteError, TorchgraftError
 
-__all__ = ["atomic_dir", "atomic_path"]
+__all__ = ["atomic_dir", "atomic_path", "clean_stale"]
 
 
 def _umask() -> int:
@@ -40,13 +40,24 @@ def _alive(pid: int) -> bool:
 
 def _clean_stale(destination: Path) -> None:
     """Remove what killed writes to ``destination`` left beside it (their process is gone)."""
-    prefix = f".{destination.name}.tg-"
-    for leftover in destination.parent.glob(f"{glob.escape(prefix)}*"):
-        pid = leftover.name[len(prefix):].split("-", 1)[0]
+    clean_stale(destination.parent, f"{glob.escape(f'.{destination.name}.tg-')}*",
+                destination=destination)
+
+
+def clean_stale(folder: Path, names: str, *, destination: Path | None = None) -> None:
+    """Remove temporaries (``.<name>.tg-<pid>-*``) of killed writes whose process is gone.
+
+    Args:
+        folder: Where they are.
+        names: A glob pattern for their names.
+        destination: For a killed folder swap: where to put back the old folder it moved out.
+    """
+    for leftover in folder.glob(names):
+        pid = leftover.name.rpartition(".tg-")[2].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             if leftover.is_dir() and not leftover.is_symlink():
                 old = leftover / "old"  # killed between moving the old folder out and the new in
-                if old.exists() and not destination.exists():
+                if destination is not None and old.exists() and not destination.exists():
                     os.replace(old, destination)
                 shutil.rmtree(leftover, ignore_errors=True)
             else:

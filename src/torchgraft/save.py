@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .atomic import atomic_dir, atomic_path
+from .atomic import atomic_dir, atomic_path, clean_stale
 from .errors import TorchgraftError
 from .graft.source import open_source
 from .io import Format, WriteJob, formats
@@ -153,12 +153,13 @@ def _indexed_shards(index: Path) -> set[str]:
 
 
 def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str]) -> None:
-    """Remove tagged shards a killed sharded write left behind (named by no index)."""
+    """Remove what a killed sharded write left: tagged shards no index names, temporaries."""
     pattern = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{8}}-\d{{5}}-of-\d{{5}}\."
                          rf"{re.escape(suffix)}")
     for file in folder.glob(f"{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}"):
         if pattern.fullmatch(file.name) and file.name not in keep:
             file.unlink(missing_ok=True)
+    clean_stale(folder, f".{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}.tg-*")
 
 
 def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None,

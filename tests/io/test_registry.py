@@ -71,3 +71,16 @@ def test_zip_that_is_not_a_torch_file(tmp_path: Path) -> None:
         z.writestr("readme.txt", "hi")
     with pytest.raises(tg.UnknownFormatError, match="not a torch.save file"):
         tg.open(path)
+
+
+def test_an_error_never_quotes_another_files_content(tmp_path: Path) -> None:
+    """A weight map naming a text file in the folder: the error names it, never its bytes."""
+    import json
+
+    (tmp_path / "notes.txt").write_text("SECRET-TOKEN=abc123\n")
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"w": "notes.txt"}}))
+    with pytest.raises(tg.TorchgraftError) as info:
+        tg.load(tmp_path)
+    assert "notes.txt" in str(info.value)
+    assert "SECRET" not in str(info.value) and "abc123" not in str(info.value)

@@ -138,7 +138,8 @@ def detect(path: Path) -> tuple[Format, Path]:
         return fmt_by_suffix, path
     known = ", ".join(f.name for f in _FORMATS)
     raise UnknownFormatError(
-        f"not a checkpoint format torchgraft reads (first bytes {head[:8]!r}); it reads {known}",
+        f"not a checkpoint format torchgraft reads (neither its first bytes nor its suffix "
+        f"match one); it reads {known}",
         path=path)
 
 
