@@ -54,3 +54,22 @@ def test_cli_export_refuses_an_output_that_is_not_onnx(tmp_path: Path, out: str)
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "does not end with .onnx" in result.stderr
     assert not (tmp_path / out).exists()
+
+
+def test_cli_export_grafts_then_exports(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import small_net
+
+    trained = small_net(seed=3)
+    torch.save({"state_dict": nn.DataParallel(trained).state_dict()}, tmp_path / "ckpt.pth")
+    out = tmp_path / "net.onnx"
+    result = subprocess.run([sys.executable, "-m", "torchgraft", "export",
+                             "tests.helpers:SmallNet", "--checkpoint", str(tmp_path / "ckpt.pth"),
+                             "--out", str(out), "--input-shape", "1,3,8,8", "--opset", "9",
+                             "--json"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["graft"]["ok"] and data["export"]["max_abs_diff"] < 1e-4 and out.exists()

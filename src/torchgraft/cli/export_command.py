@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 import torch
 from rich.console import Console
+from rich.progress import Progress
 
 from ..graft import graft
 from ..onnx_export import export_onnx
@@ -54,8 +55,21 @@ def export_command(model_spec: str, checkpoint: Path | None, model_kwargs: str |
                                  "(use convert or graft --out for checkpoints)",
                                  param_hint="'--out'")
     shape = _shape(input_shape)
-    model = build_model(model_spec, model_kwargs).eval()
-    report = graft(checkpoint, model, strict=strict) if checkpoint is not None else None
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("building the model", total=None)
+        model = build_model(model_spec, model_kwargs).eval()
+        report = None
+        if checkpoint is not None:
+            bar.update(task, description="grafting")
+            report = graft(checkpoint, model, strict=strict,
+                           progress=lambda done, total: bar.update(task, completed=done,
+                                                                   total=total))
+        if report is None or report.ok:
+            bar.update(task, description="exporting and checking", completed=0, total=None)
+            dynamic = {"input0": {0: "batch"}} if dynamic_batch else None
+            exported = export_onnx(model, (torch.randn(shape),), out, opset=opset,
+                                   dynamic_axes=dynamic, check=not no_check,
+                                   overwrite=overwrite)
     if report is not None and not report.ok:
         if as_json:
             print_json(console, {"graft": report.to_dict(), "export": None})
@@ -63,9 +77,6 @@ def export_command(model_spec: str, checkpoint: Path | None, model_kwargs: str |
             print_report(console, report)
             console.print("[red]not exported: the graft left keys missing[/red]")
         return 1
-    dynamic = {"input0": {0: "batch"}} if dynamic_batch else None
-    exported = export_onnx(model, (torch.randn(shape),), out, opset=opset, dynamic_axes=dynamic,
-                           check=not no_check, overwrite=overwrite)
     if as_json:
         print_json(console, {"graft": report.to_dict() if report else None,
                              "export": exported.to_dict()})
