@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import torch
 
@@ -11,7 +13,15 @@ from ..meta import TensorRef
 from .adapt import fresh_values
 from .plan import Plan
 
-__all__ = ["execute_plan"]
+__all__ = ["READERS", "execute_plan"]
+
+#: Threads reading plain copies at once.
+READERS = min(4, os.cpu_count() or 1)
+
+
+def _read_into(ref: TensorRef, out: torch.Tensor) -> None:
+    with torch.no_grad():  # grad mode is per thread
+        ref.read_into(out)
 
 logger = logging.getLogger("torchgraft")
 
@@ -19,10 +29,13 @@ logger = logging.getLogger("torchgraft")
 def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor], *,
                  progress: Callable[[int, int], None] | None = None,
                  assigned: Collection[str] = ()) -> None:
-    """Fill the target tensors in place, one at a time; give re-initialised ones fresh values.
+    """Fill the target tensors in place; give re-initialised ones fresh values.
 
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
-    the parameter's memory, so no second copy of the weights ever exists.
+    the parameter's memory, so no second copy of the weights ever exists. Plain copies run
+    in a few threads (:data:`READERS`): reads release the GIL, so tensors, and the shards of
+    a sharded checkpoint, are read in parallel where the storage allows; adapted tensors are
+    filled one at a time.
 
     Args:
         plan: The plan.
@@ -31,21 +44,30 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         progress: Called with (tensors done, total) after each tensor.
         assigned: Target keys already holding their checkpoint values (on a meta model).
     """
-    with torch.no_grad():
-        for done, step in enumerate(plan.steps, start=1):
-            ref, out = refs[step.source], targets[step.target]
-            if step.target in assigned:
-                pass
-            elif step.ops:
-                tensor = ref.read()
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(plan.steps))
+
+    plain = [s for s in plan.steps if not s.ops and s.target not in assigned]
+    with torch.no_grad(), ThreadPoolExecutor(max(1, min(READERS, len(plain)))) as pool:
+        reads = [pool.submit(_read_into, refs[s.source], targets[s.target]) for s in plain]
+        for step in plan.steps:
+            if step.ops and step.target not in assigned:
+                out = targets[step.target]
+                tensor = refs[step.source].read()
                 for op in step.ops:
                     tensor = op.apply(tensor, out.detach().cpu())
                 out.copy_(tensor)
                 logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
-            else:
-                ref.read_into(out)
-            if progress is not None:
-                progress(done, len(plan.steps))
+            if step.ops or step.target in assigned:
+                tick()
+        for future in as_completed(reads):
+            future.result()
+            tick()
         if plan.init != "keep":
             for key in plan.reinitialised:
                 out = targets[key]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import mmap
 import os
+import threading
 from pathlib import Path
 from typing import cast
 
@@ -81,7 +81,7 @@ class ByteSource:
         return raw.view(dtype)
 
 
-#: Bytes copied from the mapping at a time, then released from the process.
+#: Bytes read by one system call at most.
 _CHUNK = 64 * 1024 * 1024
 
 
@@ -97,14 +97,12 @@ class FileSource(ByteSource):
         self.path = path
         self._storage: torch.UntypedStorage | None = None
         self._fd: int | None = None
-        self._map: mmap.mmap | None = None
+        self._lock = threading.Lock()
 
     def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
         """Read bytes with a positioned read, checking the range first."""
         self.check_range(offset, nbytes, what=what)
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
-        data = os.pread(self._fd, nbytes, offset)
+        data = os.pread(self._descriptor(), nbytes, offset)
         if len(data) != nbytes:
             raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
                                          path=self.name)
@@ -113,10 +111,9 @@ class FileSource(ByteSource):
     def read_into(self, offset: int, out: torch.Tensor, *, what: str = "data") -> None:
         """Copy bytes at ``offset`` straight into a contiguous CPU tensor's memory.
 
-        The file is mapped (copy-on-write) and copied in chunks with torch's parallel copy;
-        each chunk's mapped pages are released from this process right after (the page cache
-        keeps them), so reading a model costs one copy of its bytes and no second resident
-        copy.
+        Positioned reads (``preadv``) copy from the page cache into the tensor: one copy of
+        the bytes, no mapping of the file (no page faults, nothing of the file resident in
+        this process), and the GIL released, so several tensors read in parallel threads.
 
         Args:
             offset: First byte.
@@ -130,22 +127,21 @@ class FileSource(ByteSource):
         self.check_range(offset, nbytes, what=what)
         if nbytes == 0:
             return
-        if self._map is None:
+        fd = self._descriptor()
+        view = out.detach().reshape(-1).view(torch.uint8).numpy().data
+        done = 0
+        while done < nbytes:
+            count = os.preadv(fd, [view[done:done + min(_CHUNK, nbytes - done)]], offset + done)
+            if count <= 0:
+                raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
+                                             path=self.name)
+            done += count
+
+    def _descriptor(self) -> int:
+        with self._lock:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
-            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
-        if os.fstat(self._fd or 0).st_size < offset + nbytes:  # a mapped read past EOF crashes
-            raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
-                                         path=self.name)
-        target = out.detach().reshape(-1).view(torch.uint8)
-        for start in range(0, nbytes, _CHUNK):
-            count = min(_CHUNK, nbytes - start)
-            chunk = torch.frombuffer(self._map, dtype=torch.uint8, count=count,
-                                     offset=offset + start)
-            target[start:start + count].copy_(chunk)
-            del chunk
-            page = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
-            self._map.madvise(mmap.MADV_DONTNEED, page, offset + start + count - page)
+            return self._fd
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         storage = self._storage
@@ -159,9 +155,6 @@ class FileSource(ByteSource):
     def close(self) -> None:
         """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
         self._storage = None
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
