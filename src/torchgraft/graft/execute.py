@@ -12,6 +12,7 @@ import torch
 from ..meta import TensorRef
 from .adapt import fresh_values
 from .plan import Plan
+from .staging import StagedFiller
 
 __all__ = ["READERS", "execute_plan"]
 
@@ -34,8 +35,10 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
     the parameter's memory, so no second copy of the weights ever exists. Plain copies run
     in a few threads (:data:`READERS`): reads release the GIL, so tensors, and the shards of
-    a sharded checkpoint, are read in parallel where the storage allows; adapted tensors are
-    filled one at a time.
+    a sharded checkpoint, are read in parallel where the storage allows. Tensors on an
+    accelerator go through pinned staging buffers, each read overlapping the previous
+    copy (:class:`~torchgraft.graft.staging.StagedFiller`). Adapted tensors are filled one at
+    a time.
 
     Args:
         plan: The plan.
@@ -53,8 +56,19 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
             progress(done, len(plan.steps))
 
     plain = [s for s in plan.steps if not s.ops and s.target not in assigned]
-    with torch.no_grad(), ThreadPoolExecutor(max(1, min(READERS, len(plain)))) as pool:
-        reads = [pool.submit(_read_into, refs[s.source], targets[s.target]) for s in plain]
+    on_host = [s for s in plain if targets[s.target].device.type == "cpu"]
+    fillers: dict[torch.device, StagedFiller] = {}
+    with torch.no_grad(), ThreadPoolExecutor(max(1, min(READERS, len(on_host)))) as pool:
+        reads = [pool.submit(_read_into, refs[s.source], targets[s.target]) for s in on_host]
+        for step in plain:  # bound for an accelerator: through pinned staging buffers
+            out = targets[step.target]
+            if out.device.type != "cpu":
+                if out.device not in fillers:
+                    fillers[out.device] = StagedFiller(out.device)
+                fillers[out.device].fill(refs[step.source], out)
+                tick()
+        for filler in fillers.values():
+            filler.finish()
         for step in plan.steps:
             if step.ops and step.target not in assigned:
                 out = targets[step.target]
