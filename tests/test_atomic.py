@@ -138,3 +138,47 @@ def test_kill_9_at_any_moment_leaves_old_or_new_never_a_mix(tmp_path: Path, kind
                    capture_output=True)  # the next write cleans what the killed ones left
     assert not [p for p in target.parent.iterdir() if ".tg-" in p.name]
     assert {float(t.flatten()[0]) for t in tg.load(opened).values()} == {99.0}
+
+
+_FULL_DISK = """
+import os, subprocess, sys, torch, torchgraft as tg
+folder, big = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", folder], check=True)
+target = os.path.join(folder, "model.safetensors")
+tg.save({"w": torch.zeros(4)}, target)
+before = open(target, "rb").read()
+results = []
+for attempt in ("save", "convert"):
+    try:
+        if attempt == "save":
+            tg.save({"w": torch.ones(1_000_000)}, target, overwrite=True)
+        else:
+            tg.convert(big, target, overwrite=True)  # copied in the kernel: ENOSPC there
+        results.append(attempt + " WROTE")
+    except tg.CheckpointWriteError as exc:
+        results.append(attempt + " CLEAN " + ("named" if target in str(exc) else str(exc)))
+assert open(target, "rb").read() == before, "the old file changed"
+print(results, sorted(os.listdir(folder)))
+"""
+
+
+def test_a_real_full_disk_keeps_the_old_file(tmp_path: Path) -> None:
+    """A 256 KiB tmpfs (mounted in a private user and mount namespace where allowed)."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare here to mount a small tmpfs")
+    big = tmp_path / "big.pt"
+    torch.save({"w": torch.ones(1_000_000)}, big)
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_FULL_DISK)
+    out = subprocess.run([unshare, "--user", "--map-root-user", "--mount", sys.executable,
+                          str(script), str(folder), str(big)], capture_output=True, text=True,
+                         timeout=120)
+    if "mount" in out.stderr and out.returncode != 0 and "CLEAN" not in out.stdout:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()[-200:]}")
+    assert out.returncode == 0, out.stderr
+    assert "['save CLEAN named', 'convert CLEAN named'] ['model.safetensors']" in out.stdout
