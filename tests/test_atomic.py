@@ -158,12 +158,19 @@ for attempt in ("save", "convert"):
     except tg.CheckpointWriteError as exc:
         results.append(attempt + " CLEAN " + ("named" if target in str(exc) else str(exc)))
 assert open(target, "rb").read() == before, "the old file changed"
+subprocess.run(["mount", "-o", "remount,ro", folder], check=True)  # a read-only folder
+try:
+    tg.save({"w": torch.ones(2)}, target, overwrite=True)
+    results.append("read-only WROTE")
+except tg.CheckpointWriteError as exc:
+    results.append("read-only CLEAN " + ("named" if target in str(exc) else str(exc)))
+assert open(target, "rb").read() == before, "the old file changed"
 print(results, sorted(os.listdir(folder)))
 """
 
 
-def test_a_real_full_disk_keeps_the_old_file(tmp_path: Path) -> None:
-    """A 256 KiB tmpfs (mounted in a private user and mount namespace where allowed)."""
+def test_a_real_full_disk_and_a_read_only_folder_keep_the_old_file(tmp_path: Path) -> None:
+    """A 256 KiB tmpfs, then remounted read-only (in a private user and mount namespace)."""
     import shutil
 
     unshare = shutil.which("unshare")
@@ -181,4 +188,5 @@ def test_a_real_full_disk_keeps_the_old_file(tmp_path: Path) -> None:
     if "mount" in out.stderr and out.returncode != 0 and "CLEAN" not in out.stdout:
         pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()[-200:]}")
     assert out.returncode == 0, out.stderr
-    assert "['save CLEAN named', 'convert CLEAN named'] ['model.safetensors']" in out.stdout
+    assert ("['save CLEAN named', 'convert CLEAN named', 'read-only CLEAN named'] "
+            "['model.safetensors']") in out.stdout
