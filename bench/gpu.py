@@ -1,0 +1,122 @@
+"""Loading a 4 GiB checkpoint into a model on a CUDA GPU: tg.graft against the best plain ways.
+
+Target (the performance issue, 6): ``tg.graft(path, model_on_cuda)`` at most 0.8x the wall
+time of the best of ``load_state_dict(safetensors.torch.load_file(path, device="cuda"))`` and
+``load_state_dict(torch.load(path, map_location="cuda"))``, with peak host RSS at most 0.25x
+of the checkpoint. tg.graft reads each tensor into one of two pinned host buffers and copies
+it to the device asynchronously while the next one is read. Each method runs in a fresh
+process, the model built on the GPU first (not timed), the page cache warmed, median of
+``--repeat`` runs. Without a GPU it says so and measures nothing.
+
+Run on a machine with a GPU: python bench/gpu.py [--layers 1024] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/inspect.py would shadow the standard library's inspect (imported by torch): bench/
+# goes last on the path, after the standard library.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] + [_HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from harness import median_of, warm, worker  # noqa: E402
+
+METHODS = {
+    "load_file_cuda": ("linears.safetensors", "load_state_dict(load_file(path, device='cuda'))"),
+    "torch_load_cuda": ("linears.pt", "load_state_dict(torch.load(path, map_location='cuda'))"),
+    "graft_safetensors": ("linears.safetensors", "tg.graft(path, model_on_cuda)  (.safetensors)"),
+    "graft_torch": ("linears.pt", "tg.graft(path, model_on_cuda)  (.pt)"),
+}
+
+
+def build(layers: int, device: str) -> nn.Module:
+    """``layers`` x ``Linear(1024, 1024)``: 4 MiB each, 1024 layers make 4 GiB."""
+    with torch.device(device):
+        return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
+
+
+def load(method: str, path: Path, layers: int) -> dict[str, float]:
+    """One timed load in this fresh process; the model is built on the GPU first."""
+    from safetensors.torch import load_file
+
+    import torchgraft as tg
+
+    model = build(layers, "cuda")
+    graft = tg.graft
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    if method == "load_file_cuda":
+        model.load_state_dict(load_file(str(path), device="cuda"))
+    elif method == "torch_load_cuda":
+        model.load_state_dict(torch.load(path, map_location="cuda", weights_only=True))
+    else:
+        assert graft(path, model, strict=True).ok
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
+    return {"seconds": seconds, "checksum": checksum,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main() -> None:
+    """Write the checkpoint, run every method alternately, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--worker", nargs=2, metavar=("METHOD", "PATH"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA GPU here; nothing measured")
+        return
+    if args.worker:
+        method, path = args.worker
+        if method == "make":
+            from safetensors.torch import save_model
+
+            torch.manual_seed(0)
+            model = build(args.layers, "cpu")
+            save_model(model, str(Path(path) / "linears.safetensors"))
+            torch.save(model.state_dict(), Path(path) / "linears.pt")
+            print("{}")
+        else:
+            print(json.dumps(load(method, Path(path), args.layers)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        worker(__file__, "make", tmp, "--layers", str(args.layers))
+        size = (Path(tmp) / "linears.safetensors").stat().st_size
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+        for _ in range(args.repeat):
+            for method, (file, _label) in METHODS.items():
+                warm(Path(tmp) / file)
+                runs[method].append(worker(__file__, method, str(Path(tmp) / file),
+                                           "--layers", str(args.layers)))
+    sums = {r["checksum"] for rs in runs.values() for r in rs}
+    assert len(sums) == 1, sums
+    result = {m: median_of(rs, "seconds", "peak_rss") for m, rs in runs.items()}
+    gib = 2**30
+    print(f"checkpoint: {size / gib:.2f} GiB on {torch.cuda.get_device_name()}")
+    for method, (_file, label) in METHODS.items():
+        r = result[method]
+        print(f"{label:<58} {r['seconds']:6.3f} s  host peak RSS {r['peak_rss'] / gib:5.2f} GiB")
+    best = min(result["load_file_cuda"]["seconds"], result["torch_load_cuda"]["seconds"])
+    for ours in ("graft_safetensors", "graft_torch"):
+        time_ratio = result[ours]["seconds"] / best
+        rss_ratio = result[ours]["peak_rss"] / size
+        met = time_ratio <= 0.8 and rss_ratio <= 0.25
+        print(f"{ours}: time {time_ratio:.2f}x the best plain way (<= 0.8), host RSS "
+              f"{rss_ratio:.2f}x the checkpoint (<= 0.25): {'met' if met else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
