@@ -28,9 +28,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-from harness import median_of, warm, worker  # noqa: E402
+from harness import linears, median_of, warm, worker, write_linears  # noqa: E402
 
 METHODS = {
     "load_file_cuda": ("linears.safetensors", "load_state_dict(load_file(path, device='cuda'))"),
@@ -40,19 +39,13 @@ METHODS = {
 }
 
 
-def build(layers: int, device: str) -> nn.Module:
-    """``layers`` x ``Linear(1024, 1024)``: 4 MiB each, 1024 layers make 4 GiB."""
-    with torch.device(device):
-        return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
-
-
 def load(method: str, path: Path, layers: int) -> dict[str, float]:
     """One timed load in this fresh process; the model is built on the GPU first."""
     from safetensors.torch import load_file
 
     import torchgraft as tg
 
-    model = build(layers, "cuda")
+    model = linears(layers, "cuda")  # 4 MiB each: 1024 layers make 4 GiB
     graft = tg.graft
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -82,12 +75,8 @@ def main() -> None:
     if args.worker:
         method, path = args.worker
         if method == "make":
-            from safetensors.torch import save_model
 
-            torch.manual_seed(0)
-            model = build(args.layers, "cpu")
-            save_model(model, str(Path(path) / "linears.safetensors"))
-            torch.save(model.state_dict(), Path(path) / "linears.pt")
+            write_linears(Path(path), args.layers)
             print("{}")
         else:
             print(json.dumps(load(method, Path(path), args.layers)))

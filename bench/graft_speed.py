@@ -27,9 +27,8 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-from harness import median_of, warm, worker  # noqa: E402
+from harness import linears, median_of, warm, worker, write_linears  # noqa: E402
 
 # Method: (file, label).
 METHODS = {
@@ -40,16 +39,12 @@ METHODS = {
 }
 
 
-def build(layers: int) -> nn.Module:
-    return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
-
-
 def load(method: str, path: Path, layers: int) -> dict[str, float]:
     from safetensors.torch import load_model
 
     import torchgraft as tg
 
-    model = build(layers)
+    model = linears(layers)
     graft = tg.graft  # imported before the clock starts, as torch and safetensors are
     start = time.perf_counter()
     if method == "load_model":
@@ -73,12 +68,7 @@ def main() -> None:
     if args.worker:
         method, path = args.worker
         if method == "make":
-            from safetensors.torch import save_model
-
-            torch.manual_seed(0)
-            model = build(args.layers)
-            save_model(model, str(Path(path) / "linears.safetensors"))
-            torch.save(model.state_dict(), Path(path) / "linears.pt")
+            write_linears(Path(path), args.layers)
             print("{}")
         else:
             print(json.dumps(load(method, Path(path), args.layers)))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["median_of", "warm", "worker"]
+__all__ = ["linears", "median_of", "warm", "worker", "write_linears"]
 
 
 def warm(path: Path) -> None:
@@ -36,3 +36,23 @@ def worker(script: str, *args: str) -> dict[str, Any]:
 def median_of(runs: list[dict[str, Any]], *keys: str) -> dict[str, float]:
     """The median of each key over several runs."""
     return {key: statistics.median(float(r[key]) for r in runs) for key in keys}
+
+
+def linears(layers: int, device: str = "cpu") -> Any:
+    """The benches' model: ``layers`` x ``Linear(1024, 1024)`` without bias, 4 MiB each."""
+    import torch
+    from torch import nn
+
+    with torch.device(device):
+        return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
+
+
+def write_linears(folder: Path, layers: int) -> None:
+    """Write the same random model as ``linears.safetensors`` and ``linears.pt``."""
+    import torch
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    model = linears(layers)
+    save_model(model, str(folder / "linears.safetensors"))
+    torch.save(model.state_dict(), folder / "linears.pt")
