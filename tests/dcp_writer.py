@@ -38,6 +38,7 @@ def _writer(rank: int, directory: str, port: int) -> None:
         "steps": full["steps"],
     }
     dcp.save({"model": model, "epoch": 7, "config": {"lr": 0.1}}, checkpoint_id=directory)
+    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
     dist.destroy_process_group()
 
 
@@ -72,6 +73,7 @@ def _fsdp2_writer(rank: int, directory: str, port: int) -> None:
                                                                  cpu_offload=True))
     if rank == 0:
         torch.save(full, Path(directory).parent / "reference.pt")
+    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
     dist.destroy_process_group()
 
 

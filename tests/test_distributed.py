@@ -32,6 +32,7 @@ def _load(rank: int, path: str, port: int, results: str) -> None:
     dcp.load(state, storage_reader=CheckpointReader(path))
     torch.save({"w": state["w"].to_local(), "v": state["v"].to_local(), "b": state["b"]},
                f"{results}/rank{rank}.pt")
+    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
     dist.destroy_process_group()
 
 
