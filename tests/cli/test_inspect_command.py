@@ -100,6 +100,32 @@ def test_help_and_version_do_not_import_torch() -> None:
     assert "graft" in out.stdout and "0.1.0" in out.stdout
 
 
+def test_completion_and_command_help_do_not_import_torch() -> None:
+    """Completing a command's options and its --help load the command, never torch."""
+    import os
+    import subprocess
+    import sys
+
+    from torchgraft.cli.main import COMMANDS
+
+    for name in COMMANDS:
+        env = {**os.environ, "_TORCHGRAFT_COMPLETE": "bash_complete",
+               "COMP_WORDS": f"torchgraft {name} --", "COMP_CWORD": "2"}
+        code = ("import sys\nfrom torchgraft.cli.main import main\n"
+                "try:\n    main([])\nexcept SystemExit:\n    pass\n"
+                "print('torch' in sys.modules)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env, check=True)
+        assert "--json" in out.stdout or "--keep" in out.stdout, (name, out.stdout)
+        assert out.stdout.strip().endswith("False"), (name, out.stdout)
+        code = ("import sys\nfrom torchgraft.cli.main import main\n"
+                f"try:\n    main([{name!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+                "print('torch' in sys.modules)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        assert out.stdout.strip().endswith("False"), (name, out.stdout)
+
+
 def test_every_listed_command_exists_with_that_help() -> None:
     import click
 

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from ..convert import convert
 from .options import source_options
 from .render import print_json
 from .text import one_line
@@ -43,6 +42,8 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
 
     Exit codes: 0 written, 2 bad input.
     """
+    from ..convert import convert
+
     console = Console(soft_wrap=as_json)
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("converting", total=None)

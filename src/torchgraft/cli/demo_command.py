@@ -10,20 +10,20 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..demo import Example, GraftStep, graft_tour, plain_error, write_examples
 from ..errors import UnsafeCheckpointError
-from ..inspect import inspect as inspect_checkpoint
-from ..load import load
 from ..units import human_bytes, plural
 from .render import print_json, print_rows, summarised
 from .text import one_line
+
+if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
+    from ..demo import Example, GraftStep
 
 __all__ = ["demo"]
 
@@ -37,6 +37,10 @@ INTRO = (
 
 def _open_example(example: Example) -> dict[str, Any]:
     """Try the plain way, then torchgraft; the payload example must be refused."""
+    from ..demo import plain_error
+    from ..inspect import inspect as inspect_checkpoint
+    from ..load import load
+
     result: dict[str, Any] = {"title": example.title, "problem": example.problem,
                               "file": example.path.name, "plain_error": plain_error(
                                   example.plain),
@@ -147,6 +151,8 @@ def demo(keep: Path | None, as_json: bool) -> int:
     Every file is read without running code from it and loaded on this machine's CPU,
     whatever device it was saved on; then checkpoints go into models that differ from them.
     """
+    from ..demo import graft_tour, write_examples
+
     console = Console(soft_wrap=as_json)
     with tempfile.TemporaryDirectory(prefix="torchgraft-demo-") as tmp:
         folder = keep or Path(tmp)

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from ..diff import diff
 from .render import print_json, print_rows
 from .text import one_line
 
@@ -36,6 +35,8 @@ def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: b
 
     Exit codes: 0 identical, 1 they differ, 2 bad input.
     """
+    from ..diff import diff
+
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("comparing", total=None)
         report = diff(a, b, unsafe=unsafe, keep_wrappers=keep_wrappers,

@@ -5,13 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from ..graft import graft
-from ..onnx_export import export_onnx
-from .factory import build_model
 from .render import print_json, print_report
 
 __all__ = ["export_command"]
@@ -55,6 +51,12 @@ def export_command(model_spec: str, checkpoint: Path | None, model_kwargs: str |
                                  "(use convert or graft --out for checkpoints)",
                                  param_hint="'--out'")
     shape = _shape(input_shape)
+    import torch  # torch is imported when the command runs, not to list or complete it
+
+    from ..graft import graft
+    from ..onnx_export import export_onnx
+    from .factory import build_model
+
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("building the model", total=None)
         model = build_model(model_spec, model_kwargs).eval()

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from ..graft import GraftError, GraftReport, graft
-from ..graft.adapt import LabelMap
-from ..save import resolve_format, save
-from .factory import build_model
 from .options import source_options
 from .render import print_json, print_report, safe_text
 from .text import one_line, shorten
+
+if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
+    from ..graft import GraftReport
+    from ..graft.adapt import LabelMap
 
 __all__ = ["graft_command"]
 
@@ -76,6 +77,10 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
     2 bad input.
     """
+    from ..graft import GraftError, graft
+    from ..save import resolve_format, save
+    from .factory import build_model
+
     console = Console(soft_wrap=as_json)
     if out.exists() and not overwrite:
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ..inspect import inspect as inspect_checkpoint
 from .options import source_options
 from .render import print_info, print_json
 
@@ -27,6 +26,8 @@ def inspect(path: Path, as_json: bool, show_all: bool, weights_key: str | None,
 
     PATH is a checkpoint file or a directory holding one. Tensor data is not read.
     """
+    from ..inspect import inspect as inspect_checkpoint
+
     info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
                               component=component)
     console = Console(soft_wrap=as_json)

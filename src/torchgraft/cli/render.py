@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..graft import GraftReport
-from ..inspect import CheckpointInfo
-from ..meta import dtype_name
 from ..units import human_bytes, plural
 from .text import one_line, shorten
+
+if TYPE_CHECKING:  # rendering never imports torch: completion and --help stay fast
+    from ..graft import GraftReport
+    from ..inspect import CheckpointInfo
 
 __all__ = ["extras_tree", "print_info", "print_json", "print_report", "print_rows", "safe_text",
            "summarised"]
@@ -86,7 +87,8 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         table.add_column(column)
     shown = info.tensors if limit is None else info.tensors[:limit]
     for name, meta in shown:
-        table.add_row(safe_text(name), str(tuple(meta.shape)), dtype_name(meta.dtype))
+        dtype = str(meta.dtype).removeprefix("torch.")
+        table.add_row(safe_text(name), str(tuple(meta.shape)), dtype)
     console.print(table)
     if len(shown) < len(info.tensors):
         console.print(f"  ... {len(info.tensors) - len(shown)} more (--all shows every tensor)")
