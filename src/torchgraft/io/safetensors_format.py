@@ -151,6 +151,8 @@ def _json_entry(metadata: dict[str, str], key: str, path: Path) -> dict[str, Any
 
 
 _NAMES = {dtype: name for name, dtype in DTYPES.items()}
+#: Where the data section of a written file starts: a multiple of this (a page).
+_DATA_ALIGNMENT = 4096
 
 
 def write(job: WriteJob, path: Path) -> None:
@@ -192,7 +194,10 @@ def write(job: WriteJob, path: Path) -> None:
             metadata[WEIGHTS_KEY] = job.weights_key
     header = {"__metadata__": metadata, **header}
     text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    # Spaces end the header so that the data starts on a page boundary (safetensors pads to 8
+    # the same way): tensors copied in the kernel then land page-aligned, which copies
+    # nearly twice as fast as a misaligned copy.
+    text += b" " * (-(8 + len(text)) % _DATA_ALIGNMENT)
     with path.open("wb", buffering=0) as f, FileCopier(f.fileno()) as copier:
         copier.write(struct.pack("<Q", len(text)) + text)
         for count, name in enumerate(job.tensors, start=1):
