@@ -131,34 +131,42 @@ _FAMILIES = {
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
 }
-_LLAMA_NAMES = (  # transformers' names, Meta's names (torchtune's _FROM_META, reversed)
-    (r"^(model\.)?embed_tokens\.", "tok_embeddings."),
-    (r"^(model\.)?norm\.", "norm."),
-    (r"^lm_head\.", "output."),
-    (r"^(model\.)?layers\.(\d+)\.self_attn\.q_proj\.", r"layers.\2.attention.wq."),
-    (r"^(model\.)?layers\.(\d+)\.self_attn\.k_proj\.", r"layers.\2.attention.wk."),
-    (r"^(model\.)?layers\.(\d+)\.self_attn\.v_proj\.", r"layers.\2.attention.wv."),
-    (r"^(model\.)?layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\2.attention.wo."),
-    (r"^(model\.)?layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\2.feed_forward.w1."),
-    (r"^(model\.)?layers\.(\d+)\.mlp\.down_proj\.", r"layers.\2.feed_forward.w2."),
-    (r"^(model\.)?layers\.(\d+)\.mlp\.up_proj\.", r"layers.\2.feed_forward.w3."),
-    (r"^(model\.)?layers\.(\d+)\.input_layernorm\.", r"layers.\2.attention_norm."),
-    (r"^(model\.)?layers\.(\d+)\.post_attention_layernorm\.", r"layers.\2.ffn_norm."),
+#: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
+#: and whether transformers keeps the path under ``model.``. Both directions' renames come from
+#: this one table.
+_LLAMA_PATHS = (
+    ("embed_tokens", "tok_embeddings", True),
+    ("norm", "norm", True),
+    ("lm_head", "output", False),
+    ("layers.{n}.self_attn.q_proj", "layers.{n}.attention.wq", True),
+    ("layers.{n}.self_attn.k_proj", "layers.{n}.attention.wk", True),
+    ("layers.{n}.self_attn.v_proj", "layers.{n}.attention.wv", True),
+    ("layers.{n}.self_attn.o_proj", "layers.{n}.attention.wo", True),
+    ("layers.{n}.mlp.gate_proj", "layers.{n}.feed_forward.w1", True),
+    ("layers.{n}.mlp.down_proj", "layers.{n}.feed_forward.w2", True),
+    ("layers.{n}.mlp.up_proj", "layers.{n}.feed_forward.w3", True),
+    ("layers.{n}.input_layernorm", "layers.{n}.attention_norm", True),
+    ("layers.{n}.post_attention_layernorm", "layers.{n}.ffn_norm", True),
 )
-_META_TO_HF_NAMES = (
-    (r"^tok_embeddings\.", "model.embed_tokens."),
-    (r"^norm\.", "model.norm."),
-    (r"^output\.", "lm_head."),
-    (r"^layers\.(\d+)\.attention\.wq\.", r"model.layers.\1.self_attn.q_proj."),
-    (r"^layers\.(\d+)\.attention\.wk\.", r"model.layers.\1.self_attn.k_proj."),
-    (r"^layers\.(\d+)\.attention\.wv\.", r"model.layers.\1.self_attn.v_proj."),
-    (r"^layers\.(\d+)\.attention\.wo\.", r"model.layers.\1.self_attn.o_proj."),
-    (r"^layers\.(\d+)\.feed_forward\.w1\.", r"model.layers.\1.mlp.gate_proj."),
-    (r"^layers\.(\d+)\.feed_forward\.w2\.", r"model.layers.\1.mlp.down_proj."),
-    (r"^layers\.(\d+)\.feed_forward\.w3\.", r"model.layers.\1.mlp.up_proj."),
-    (r"^layers\.(\d+)\.attention_norm\.", r"model.layers.\1.input_layernorm."),
-    (r"^layers\.(\d+)\.ffn_norm\.", r"model.layers.\1.post_attention_layernorm."),
-)
+
+
+def _llama_renames(*, to_meta: bool) -> tuple[Rule, ...]:
+    """The renames from one Llama naming family to the other, from :data:`_LLAMA_PATHS`."""
+    def pattern(path: str) -> str:
+        return re.escape(path).replace(r"\{n\}", r"(\d+)") + r"\."
+
+    def replacement(path: str) -> str:
+        return path.replace("{n}", r"\1") + "."
+
+    rules = []
+    for hf, meta, under_model in _LLAMA_PATHS:
+        if to_meta:
+            prefix = r"(?:model\.)?" if under_model else ""
+            rules.append(Rule("^" + prefix + pattern(hf), replacement(meta)))
+        else:
+            prefix = "model." if under_model else ""
+            rules.append(Rule("^" + pattern(meta), prefix + replacement(hf)))
+    return tuple(rules)
 
 
 def family_of(side: Side) -> str | None:
@@ -183,14 +191,14 @@ def _between(src_family: str, dst_family: str) -> Callable[[Side, Side], bool]:
 LLAMA_HF_TO_META = Layout(
     name="transformers-llama->meta-llama",
     applies=_between("transformers-llama", "meta-llama"),
-    renames=tuple(Rule(p, r) for p, r in _LLAMA_NAMES),
+    renames=_llama_renames(to_meta=True),
     rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True),
 )
 
 LLAMA_META_TO_HF = Layout(
     name="meta-llama->transformers-llama",
     applies=_between("meta-llama", "transformers-llama"),
-    renames=tuple(Rule(p, r) for p, r in _META_TO_HF_NAMES),
+    renames=_llama_renames(to_meta=False),
     rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
 )
 
