@@ -23,13 +23,20 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] +
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from harness import linears, median_of, warm, worker, write_linears  # noqa: E402
+from harness import (  # noqa: E402
+    checksum,
+    linears,
+    median_of,
+    peak_rss,
+    warm,
+    worker,
+    write_linears,
+)
 
 METHODS = {
     "load_file_cuda": ("linears.safetensors", "load_state_dict(load_file(path, device='cuda'))"),
@@ -57,9 +64,7 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
         assert graft(path, model, strict=True).ok
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
-    return {"seconds": seconds, "checksum": checksum,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss()}
 
 
 def main() -> None:

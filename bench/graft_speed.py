@@ -22,13 +22,20 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] +
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from harness import linears, median_of, warm, worker, write_linears  # noqa: E402
+from harness import (  # noqa: E402
+    checksum,
+    linears,
+    median_of,
+    peak_rss,
+    warm,
+    worker,
+    write_linears,
+)
 
 # Method: (file, label).
 METHODS = {
@@ -54,9 +61,7 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
     else:
         assert graft(path, model, strict=True).ok
     seconds = time.perf_counter() - start
-    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": seconds, "peak_rss": peak, "checksum": checksum}
+    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss()}
 
 
 def main() -> None:

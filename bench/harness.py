@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["linears", "median_of", "warm", "worker", "write_linears"]
+__all__ = ["checksum", "linears", "median_of", "peak_rss", "warm", "worker", "write_linears"]
 
 
 def warm(path: Path) -> None:
@@ -56,3 +56,17 @@ def write_linears(folder: Path, layers: int) -> None:
     model = linears(layers)
     save_model(model, str(folder / "linears.safetensors"))
     torch.save(model.state_dict(), folder / "linears.pt")
+
+
+def checksum(model: Any) -> float:
+    """A sum over every weight (float64): reads each one, and must agree between methods."""
+    import torch
+
+    return float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

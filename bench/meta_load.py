@@ -23,20 +23,14 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_HERE)] +
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
-from harness import median_of, warm, worker  # noqa: E402
+from harness import checksum, linears, median_of, peak_rss, warm, worker  # noqa: E402
 
 METHODS = ("expert", "torchgraft")
-
-
-def build(layers: int) -> nn.Module:
-    return nn.Sequential(*(nn.Linear(1024, 1024, bias=False) for _ in range(layers)))
 
 
 def load(method: str, path: Path, layers: int) -> dict[str, float]:
@@ -44,16 +38,14 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
 
     graft = tg.graft  # imported before the clock starts, as torch is
     start = time.perf_counter()
-    with torch.device("meta"):
-        model = build(layers)
+    model = linears(layers, "meta")
     if method == "expert":
         model.load_state_dict(torch.load(path, mmap=True, weights_only=True), assign=True)
     else:
         assert graft(path, model, strict=True).ok
-    checksum = float(sum(float(p.sum(dtype=torch.float64)) for p in model.parameters()))
+    total = checksum(model)
     seconds = time.perf_counter() - start  # end to end: every weight read once
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"seconds": seconds, "peak_rss": peak, "checksum": checksum}
+    return {"seconds": seconds, "peak_rss": peak_rss(), "checksum": total}
 
 
 def main() -> None:
@@ -66,7 +58,7 @@ def main() -> None:
         method, path = args.worker
         if method == "make":
             torch.manual_seed(0)
-            torch.save(build(args.layers).state_dict(), path)
+            torch.save(linears(args.layers).state_dict(), path)
             print("{}")
         else:
             print(json.dumps(load(method, Path(path), args.layers)))
