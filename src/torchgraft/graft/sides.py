@@ -181,11 +181,12 @@ def quantized_modules(model: nn.Module) -> dict[str, str]:
     return found
 
 
-def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
+def module_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, TensorInfo]:
     """Describe a module's state-dict tensors with their module kinds.
 
     Args:
         model: An unwrapped module.
+        tensors: Its :func:`state_tensors`.
 
     Returns:
         Key to info, in state_dict order.
@@ -198,7 +199,7 @@ def module_tensors(model: nn.Module) -> dict[str, TensorInfo]:
                             *module.named_buffers(recurse=False)]:
                 kinds[f"{path}.{name}" if path else name] = kind
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
-            for name, t in state_tensors(model).items()}
+            for name, t in tensors.items()}
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -282,10 +283,11 @@ def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
     Returns:
         Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
-    infos = module_tensors(model)
+    tensors = state_tensors(model)
+    infos = module_tensors(model, tensors)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
     head_dims = {path: module.head_dim for path, module in model.named_modules()
                  if isinstance(getattr(module, "head_dim", None), int)}
-    return Side(infos, order, ties=tied_keys(state_tensors(model)),
+    return Side(infos, order, ties=tied_keys(tensors),
                 head_dims=head_dims)
