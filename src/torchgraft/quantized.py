@@ -17,7 +17,7 @@ import torch
 from .errors import CorruptCheckpointError, UnsupportedCheckpointError
 from .meta import TensorMeta, TensorRef
 
-__all__ = ["INT_REPR", "dequantized_ref", "is_quantized", "quantized_ref"]
+__all__ = ["INT_REPR", "is_quantized", "quantized_ref"]
 
 #: Quantized dtype to the integer dtype its values are stored as.
 INT_REPR: dict[torch.dtype, torch.dtype] = {
@@ -94,10 +94,3 @@ def quantized_ref(values: TensorRef, dtype: torch.dtype, quantizer: Any) -> Tens
 
     meta = TensorMeta.of(values.meta.shape, dtype, values.meta.device)
     return TensorRef(meta, read, alias_key=("quantized", values.alias_key))
-
-
-def dequantized_ref(ref: TensorRef) -> TensorRef:
-    """The float32 values a quantized tensor stands for (``Tensor.dequantize``)."""
-    meta = TensorMeta.of(ref.meta.shape, torch.float32, ref.meta.device)
-    return TensorRef(meta, lambda: ref.read().dequantize(),
-                     alias_key=("dequantized", ref.alias_key))

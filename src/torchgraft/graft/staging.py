@@ -12,7 +12,6 @@ copies (``pin=False``), which is how it is tested here.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -78,7 +77,6 @@ class StagedFiller:
             out: The target, on :attr:`device`, contiguous.
         """
         meta = ref.meta
-        flat = out.detach().view(-1)
         if meta.nbytes <= self.buffer_bytes:
             staged = self._buffer()[:meta.nbytes].view(meta.dtype).view(meta.shape)
             ref.read_into(staged)
@@ -97,12 +95,10 @@ class StagedFiller:
         source = ref.read()  # memory-mapped where the format allows: pages, not a copy
         for start in range(0, meta.shape[0], rows):
             count = min(rows, meta.shape[0] - start)
-            nbytes = count * row_bytes
-            staged = self._buffer()[:nbytes].view(meta.dtype).view(count, *meta.shape[1:])
+            staged = self._buffer()[:count * row_bytes].view(meta.dtype).view(
+                count, *meta.shape[1:])
             staged.copy_(source[start:start + count])
-            per_row = math.prod(meta.shape[1:])
-            flat[start * per_row:(start + count) * per_row].view(count, *meta.shape[1:]) \
-                .copy_(staged, non_blocking=self.pin)
+            out.detach()[start:start + count].copy_(staged, non_blocking=self.pin)
             self._copied()
 
     def finish(self) -> None:
