@@ -31,6 +31,7 @@ from .errors import (
     UnknownFormatError,
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
+    UnsupportedModelError,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "UnsupportedModelError",
     "__version__",
     "convert",
     "diff",
