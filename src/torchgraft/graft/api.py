@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
+from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
@@ -31,6 +32,7 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 
+@paused_gc()
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
