@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
+from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
 from .execute import execute_plan
 from .fusion import add_virtual
@@ -30,6 +31,7 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 
+@paused_gc()
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
