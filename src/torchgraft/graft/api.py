@@ -12,6 +12,7 @@ from torch import nn
 
 from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
+from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
 from .execute import execute_plan
 from .fusion import add_virtual
@@ -22,7 +23,7 @@ from .quantized_target import graft_quantized
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
 from .sides import module_side, quantized_modules, state_tensors, unwrap
-from .source import SourceLike, open_source
+from .source import GraftSource, SourceLike, open_source
 from .verify import compare
 
 __all__ = ["Verify", "graft"]
@@ -33,12 +34,14 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 
+@paused_gc()
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
           label_map: LabelMap | None = None, device: str | torch.device | None = None,
           unsafe: bool = False, weights_key: str | None = None, component: str | None = None,
-          progress: Callable[[int, int], None] | None = None) -> GraftReport:
+          progress: Callable[[int, int], None] | None = None,
+          follow_links: bool = False) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
@@ -83,6 +86,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             transformers model): graft from this part alone (``"unet"``); by default from all
             parts, their keys prefixed with the part's name.
         progress: Called with (tensors done, total) as tensors are filled.
+        follow_links: For checkpoint paths: follow links out of the checkpoint's folder (links
+            inside a recognised model store, such as the Hub cache, are followed anyway).
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -104,8 +109,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
     if quantized_modules(target):
-        return _into_quantized(source, target, strict=strict, unsafe=unsafe,
-                               weights_key=weights_key, component=component)
+        return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
+                                           component=component, follow_links=follow_links),
+                               target, strict=strict)
     on_meta = has_meta(target)
     warnings = [swapped] if swapped else []
     if on_meta and init == "keep":
@@ -114,7 +120,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                         "keep: new rows and re-initialised heads use init='normal'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
-                         weights_key=weights_key, component=component)
+                         weights_key=weights_key, component=component,
+                         follow_links=follow_links)
     assigned: set[str] = set()
     try:
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
@@ -180,10 +187,8 @@ def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
         "tg.open() result) comes first, the model second")
 
 
-def _into_quantized(source: SourceLike, target: nn.Module, *, strict: bool, unsafe: bool,
-                    weights_key: str | None, component: str | None) -> GraftReport:
+def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> GraftReport:
     """A quantized model takes the same quantized architecture's checkpoint, as stored."""
-    opened = open_source(source, unsafe=unsafe, weights_key=weights_key, component=component)
     try:
         report = graft_quantized(opened.refs, target)
     finally:
