@@ -59,6 +59,19 @@ class Color(enum.Enum):
     RED = 1
 
 
+def _fit_and_save(module: Any, path: Path) -> Any:
+    """Train a LightningModule class for one epoch on random data, save and load it back."""
+    import lightning as L
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, accelerator="cpu")
+    trainer.fit(module(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.save_checkpoint(path)
+    return module.load_from_checkpoint(path, weights_only=False).eval()
+
+
 def lightning(root: Path) -> None:
     """A LightningModule with an Enum hyper-parameter, one epoch, its checkpoint."""
     import lightning as L
@@ -81,13 +94,7 @@ def lightning(root: Path) -> None:
             return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
     folder = root / "lightning"
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, accelerator="cpu")
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
-    trainer.save_checkpoint(folder / "tiny.ckpt")
-    loaded = Tiny.load_from_checkpoint(folder / "tiny.ckpt", weights_only=False).eval()
+    loaded = _fit_and_save(Tiny, folder / "tiny.ckpt")
     x = torch.randn(3, 4)
     _reference(folder, loaded.state_dict(), x=x, y=loaded(x))
     _record("lightning", folder, root, "Trainer.fit for one epoch, then Trainer.save_checkpoint; "
@@ -114,13 +121,7 @@ def lightning_model(root: Path) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     folder = root / "lightning-model"
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, accelerator="cpu")
-    trainer.fit(Wrapped(), torch.utils.data.DataLoader(data, batch_size=8))
-    trainer.save_checkpoint(folder / "wrapped.ckpt")
-    loaded = Wrapped.load_from_checkpoint(folder / "wrapped.ckpt", weights_only=False).eval()
+    loaded = _fit_and_save(Wrapped, folder / "wrapped.ckpt")
     x = torch.randn(3, 4)
     _reference(folder, loaded.model.state_dict(), x=x, y=loaded(x))
     _record("lightning-model", folder, root, "Trainer.fit for one epoch, then "

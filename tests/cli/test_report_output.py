@@ -33,6 +33,18 @@ def _run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
 
 
+def _library_graft(models: Path, ckpt: Path) -> tg.GraftReport:
+    """The library's report of the graft the CLI runs."""
+    sys.path.insert(0, str(models.parent))
+    try:
+        import longmodels
+
+        return tg.graft(ckpt, longmodels.long_names())
+    finally:
+        sys.path.remove(str(models.parent))
+        sys.modules.pop("longmodels", None)
+
+
 def _breakable(line: str) -> bool:
     """Whether a line too long for 80 columns could have been wrapped (no word fills a line)."""
     return max(len(word) for word in line.split()) < 80 - 12 - 3
@@ -80,14 +92,7 @@ def test_default_output_summarises_renames_and_fits_80_columns(
     reinit = [i for i, line in enumerate(lines) if line.split()[:1] == ["reinit"]]
     assert len(reinit) == 2 and "classification_head_projection.weight" in lines[reinit[0]]
     # piped output is wrapped, never cut: the whole reason, continued under the key
-    sys.path.insert(0, str(models.parent))
-    try:
-        import longmodels
-
-        report = tg.graft(ckpt, longmodels.long_names())
-    finally:
-        sys.path.remove(str(models.parent))
-        sys.modules.pop("longmodels", None)
+    report = _library_graft(models, ckpt)
     reason = report.reinitialised["classification_head_projection.weight"]
     row = _row(lines, reinit[0])
     assert row.endswith(" ".join(reason.split()))
@@ -130,14 +135,7 @@ def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) 
     models, ckpt = setup
     result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
                   str(tmp_path / "c.pt"), columns=200)
-    sys.path.insert(0, str(models.parent))
-    try:
-        import longmodels
-
-        report = tg.graft(ckpt, longmodels.long_names())
-    finally:
-        sys.path.remove(str(models.parent))
-        sys.modules.pop("longmodels", None)
+    report = _library_graft(models, ckpt)
     assert result.stdout.splitlines()[0] == report.headline() == str(report).splitlines()[0]
 
 
