@@ -187,9 +187,9 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
             out = graft(model, FOLDER / "dcp4")
         files = {Path(call.kwargs["name"].partition("[")[0]).name
                  for call in blobs.call_args_list}
-        rank = dist.get_rank()
+        own = {f"__{dist.get_rank()}_0.distcp"}
         return out | check(model, ref, x, train=True) | {
-            "by_torch": by_torch, "files": sorted(files), "own_file_only": files <= {f"__{rank}_0.distcp"}}
+            "by_torch": by_torch, "files": sorted(files), "own_file_only": files <= own}
 
     def broken_shape() -> dict[str, Any]:
         return graft(fsdp(build(MLP, meta=True), flat), FOLDER / "wrong_shape.safetensors")

@@ -94,7 +94,7 @@ def test_dcp_converted_for_4_ranks(ranks: list[dict[str, Any]]) -> None:
     for rank, results in enumerate(ranks):
         result = results["dcp_converted_for_4"]
         assert result["by_torch"], rank  # torch's own dcp.load reads what convert wrote
-        assert result["own_file_only"], (rank, result["files"])  # each rank reads its own file, nothing else
+        assert result["own_file_only"], (rank, result["files"])  # its own file, nothing else
 
 
 def test_gpt2_conv1d_file_into_sharded_linears(ranks: list[dict[str, Any]]) -> None:
