@@ -26,11 +26,13 @@ from .errors import (
     CorruptCheckpointError,
     DeviceError,
     MissingDependencyError,
+    OutsideCheckpointError,
     TensorNotFoundError,
     TorchgraftError,
     UnknownFormatError,
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
+    UnsupportedModelError,
 )
 
 if TYPE_CHECKING:
@@ -58,12 +60,14 @@ __all__ = [
     "GraftError",
     "GraftReport",
     "MissingDependencyError",
+    "OutsideCheckpointError",
     "TensorMeta",
     "TensorNotFoundError",
     "TorchgraftError",
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "UnsupportedModelError",
     "__version__",
     "convert",
     "diff",

@@ -13,11 +13,13 @@ __all__ = [
     "CorruptCheckpointError",
     "DeviceError",
     "MissingDependencyError",
+    "OutsideCheckpointError",
     "TensorNotFoundError",
     "TorchgraftError",
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "UnsupportedModelError",
     "reading",
 ]
 
@@ -83,8 +85,25 @@ class CorruptCheckpointError(TorchgraftError):
     """The file claims a known format but its contents are broken or truncated."""
 
 
+class OutsideCheckpointError(CorruptCheckpointError):
+    """A part the checkpoint names (a shard, a data file, a rank file) lies outside its folder.
+
+    An absolute name, a ``..`` leading out, or a link out of the folder that does not lead into
+    a recognised model store (the Hugging Face Hub cache's blobs): refused unless the caller
+    passes ``follow_links=True`` (CLI: ``--follow-links``).
+    """
+
+
 class UnsupportedCheckpointError(TorchgraftError):
     """The file is valid but holds something torchgraft does not read yet."""
+
+
+class UnsupportedModelError(TorchgraftError):
+    """The model holds something torchgraft cannot fill: a problem of the model, not the file.
+
+    For example a parameter that is a tensor subclass other than a DTensor, or a DTensor
+    placed ``Partial``.
+    """
 
 
 class UnsafeCheckpointError(TorchgraftError):

@@ -32,12 +32,14 @@ class GraftSource:
         refs: Key to lazy tensor.
         module: The unwrapped source module, when the source is one.
         closers: Called by :meth:`close`.
+        saved_keys: The top-level keys of a checkpoint's saved object (evidence of wrappers).
     """
 
     side: Side
     refs: dict[str, TensorRef]
     module: nn.Module | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+    saved_keys: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Release files opened for the graft."""
@@ -64,7 +66,8 @@ def _in_memory(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorRef]:
 
 
 def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool = False,
-                weights_key: str | None = None, component: str | None = None) -> GraftSource:
+                weights_key: str | None = None, component: str | None = None,
+                follow_links: bool = False) -> GraftSource:
     """Describe a graft source.
 
     Args:
@@ -74,6 +77,7 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         unsafe: For paths: let pickles call code outside the allow-list.
         weights_key: For paths: where the weights are in a training checkpoint.
         component: For paths: the part of a folder of several models to open.
+        follow_links: For paths: follow links out of the checkpoint's folder.
 
     Returns:
         The source.
@@ -83,7 +87,7 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
     """
     if isinstance(source, (str, os.PathLike)):
         ckpt = open_checkpoint(source, unsafe=unsafe, weights_key=weights_key,
-                               component=component)
+                               component=component, follow_links=follow_links)
         opened = _from_checkpoint(ckpt)
         opened.closers.append(ckpt.close)
         return opened
@@ -114,4 +118,4 @@ def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
 
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    return GraftSource(_refs_side(refs, ckpt.format), refs)
+    return GraftSource(_refs_side(refs, ckpt.format), refs, saved_keys=ckpt.saved_keys)

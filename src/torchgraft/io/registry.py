@@ -14,12 +14,16 @@ from ..errors import (
     reading,
 )
 from .base import Contents, Format, ReadOptions
+from .contain import contained
+from .nature import nature_of
 from .sharded import MAX_INDEX_BYTES
 
 __all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
 
 _FORMATS: list[Format] = []
 _HEAD_BYTES = 512
+#: A folder without a checkpoint names this many of its files.
+_LISTED = 8
 
 # A directory holding several checkpoint files opens the first of these that it has
 # (the names transformers and timm write).
@@ -52,18 +56,27 @@ def _by_suffix(path: Path) -> Format | None:
     return max(matches, key=lambda m: m[0])[1] if matches else None
 
 
-def checkpoint_in(directory: Path) -> Path:
+def checkpoint_in(directory: Path, *, follow_links: bool = False) -> Path:
     """The checkpoint file a folder holds: a preferred name, else its only checkpoint file.
 
     Args:
         directory: The folder.
+        follow_links: Accept a file that links out of the folder (see
+            :func:`~torchgraft.io.contain.contained`).
 
     Returns:
         The file.
 
     Raises:
         CheckpointNotFoundError: If it holds none, or several and none is preferred.
+        OutsideCheckpointError: If the file links out of the folder.
     """
+    found = _checkpoint_file(directory)
+    return contained(directory, found.name, named_by=directory, what="checkpoint file",
+                     follow_links=follow_links)
+
+
+def _checkpoint_file(directory: Path) -> Path:
     files = sorted(p for p in directory.iterdir() if p.is_file())
     candidates = [p for p in files if _by_suffix(p) is not None]
     indexes = [p for p in candidates if p.name.endswith(".index.json")]
@@ -77,9 +90,13 @@ def checkpoint_in(directory: Path) -> Path:
         return candidates[0]
     if not candidates:
         known = sorted({s for f in _FORMATS for s in f.suffixes})
+        held = ", ".join(p.name for p in files[:_LISTED]) + (
+            f" and {len(files) - _LISTED} more" if len(files) > _LISTED else "")
         raise CheckpointNotFoundError(
-            f"the directory holds no checkpoint: no file ends with {', '.join(known)}, and it is "
-            "not a torch.distributed.checkpoint folder (no .metadata)", path=directory)
+            f"the directory holds no checkpoint: {f'its files ({held})' if files else 'no file'}"
+            f" are not checkpoints (none ends with {', '.join(known)}), and it is not a "
+            "torch.distributed.checkpoint folder (no .metadata). Pass the checkpoint file, or "
+            "the folder that holds it", path=directory)
     names = ", ".join(p.name for p in candidates)
     raise CheckpointNotFoundError(
         f"the directory holds several checkpoints ({names}); pass the one to open",
@@ -101,11 +118,12 @@ def _shard_names(indexes: list[Path]) -> set[str]:
     return names
 
 
-def detect(path: Path) -> tuple[Format, Path]:
+def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     """Find the format of ``path``, resolving a directory to the checkpoint inside it.
 
     Args:
         path: A checkpoint file or directory.
+        follow_links: Accept a directory's checkpoint file that links out of it.
 
     Returns:
         The format, and the path to open with it.
@@ -113,7 +131,8 @@ def detect(path: Path) -> tuple[Format, Path]:
     Raises:
         CheckpointNotFoundError: If nothing is there, or a directory holds no checkpoint.
         CorruptCheckpointError: If the file is empty.
-        UnknownFormatError: If no registered format recognises the file.
+        UnknownFormatError: If no registered format recognises the file, or it is plainly
+            something else (a Git LFS pointer, an HTML page, text), which the message says.
     """
     if not path.exists():
         raise CheckpointNotFoundError("no such file or directory", path=path)
@@ -121,7 +140,7 @@ def detect(path: Path) -> tuple[Format, Path]:
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
                 return fmt, path
-        path = checkpoint_in(path)
+        path = checkpoint_in(path, follow_links=follow_links)
     if not path.is_file():
         raise UnsupportedCheckpointError(
             "not a regular file or a folder (a FIFO, device or socket could block or never "
@@ -129,11 +148,19 @@ def detect(path: Path) -> tuple[Format, Path]:
     with reading(path), path.open("rb") as f:
         head = f.read(_HEAD_BYTES)
     if not head:
-        raise CorruptCheckpointError("the file is empty", path=path)
+        raise CorruptCheckpointError(
+            "the file is empty (0 bytes), not a checkpoint: a download, copy or save that was "
+            "interrupted or never wrote; fetch or save it again", path=path)
     for fmt in _FORMATS:
         if fmt.magic is not None and fmt.magic(head):
             return fmt, path
     fmt_by_suffix = _by_suffix(path)
+    # JSON indexes are text, and pickles of protocol 0 or 1 may be (they have no magic).
+    textual = path.name.lower().endswith(".json") or (
+        fmt_by_suffix is not None and fmt_by_suffix.name == "paddle")
+    nature = None if textual else nature_of(head)
+    if nature is not None:
+        raise UnknownFormatError(nature, path=path)
     if fmt_by_suffix is not None:
         return fmt_by_suffix, path
     known = ", ".join(f.name for f in _FORMATS)
@@ -156,7 +183,7 @@ def open_contents(path: Path, options: ReadOptions) -> Contents:
     Raises:
         TorchgraftError: If the path cannot be opened; the message names it.
     """
-    fmt, target = detect(path)
+    fmt, target = detect(path, follow_links=options.follow_links)
     if options.component is not None and fmt.name != "components":
         raise TorchgraftError(
             f"component='{options.component}' picks a part of a folder of several models (a "
