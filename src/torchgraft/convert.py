@@ -14,6 +14,7 @@ import torch
 from .checkpoint import open as open_checkpoint
 from .containers import all_tensors
 from .errors import TorchgraftError
+from .graft.experts import per_expert
 from .graft.rules import RulesSpec, parse_rules, rename
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
@@ -126,7 +127,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             overwrite: bool = False, drop_extras: bool = False,
             max_shard_size: int | str | None = None, unsafe: bool = False,
             weights_key: str | None = None, component: str | None = None,
-            keep_wrappers: bool = False, ranks: int | None = None,
+            keep_wrappers: bool = False, experts: str | None = None, ranks: int | None = None,
             progress: Callable[[int, int], None] | None = None,
             follow_links: bool = False) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
@@ -156,6 +157,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             key (``module.``, ``_orig_mod.``; Lightning's ``model.`` inside a Lightning
             checkpoint); by default they are removed, before ``rules``, so the file loads into
             the bare model. A ``model.`` elsewhere is a real module and is kept.
+        experts: Write stacked mixture-of-experts parameters per expert, as the Hub stores
+            them: ``"per-expert"`` or ``"mixtral"`` (see :func:`torchgraft.save`).
         ranks: For DCP: write the directory as this many ranks of an FSDP2 model save it
             (each tensor's rows split as ``torch.chunk`` splits them, one file per rank), so
             each rank of a model sharded that way reads one file.
@@ -192,6 +195,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             if new != bare[name]:
                 report.renamed[name] = new
             tensors[new] = ref
+        if experts is not None:
+            tensors = per_expert(tensors, experts)
         extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key,
                                                  {r.alias_key for r in refs.values()}, report)
         metadata = {}
