@@ -74,8 +74,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
-    Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
-    2 bad input.
+    Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
+    equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
+    key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
     """
     from ..graft import GraftError, graft
     from ..save import resolve_format, save
@@ -109,7 +110,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         print_json(console, {**report.to_dict(), "out": None if failed else str(out),
                              "html": None if html_path is None else str(html_path),
                              "error": failed})
-        return 0 if report.ok and failed is None else 1
+        return _exit_code(report, failed)
     print_report(console, report, details=details, quiet=quiet)
     if failed:
         console.print(f"[red]{safe_text(failed)}[/red]")
@@ -119,4 +120,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         if html_path is not None:
             console.print(f"report page {escape(shorten(one_line(str(html_path)), room))}",
                           highlight=False)
-    return 0 if report.ok and failed is None else 1
+    return _exit_code(report, failed)
+
+
+def _exit_code(report: GraftReport, failed: str | None) -> int:
+    """The verdict's exit code (0, 1, 3, 4); 1 when a strict graft failed on an ok verdict."""
+    return 1 if failed is not None and report.ok else report.exit_code
