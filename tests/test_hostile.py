@@ -76,7 +76,7 @@ def test_shards_outside_the_folder_are_refused(tmp_path: Path, kind: str) -> Non
     index = _sharded(folder, name)
     if kind == "symlink":
         (folder / "link.safetensors").symlink_to(outside)
-    with pytest.raises(tg.CorruptCheckpointError, match="outside the index's folder"):
+    with pytest.raises(tg.OutsideCheckpointError, match="outside the checkpoint's folder"):
         tg.open(index)
 
 

@@ -196,7 +196,8 @@ def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dty
 
 
 def open(path: str | os.PathLike[str], *, unsafe: bool = False,
-         weights_key: str | None = None, component: str | None = None) -> Checkpoint:
+         weights_key: str | None = None, component: str | None = None,
+         follow_links: bool = False) -> Checkpoint:
     """Open a checkpoint of any supported format, reading only its metadata.
 
     Formats: torch.save zip and legacy files (state dicts, training checkpoints, whole pickled
@@ -212,6 +213,10 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
             found automatically when ``None``.
         component: In a folder of several models (a diffusers pipeline, a sentence-
             transformers model), open this part alone (``"unet"``); all parts when ``None``.
+        follow_links: Follow links out of the checkpoint's folder. Without it a part (a
+            shard, a data file, a rank file) that links out is refused, unless the link stays
+            inside a recognised model store (the Hugging Face Hub cache's ``blobs``,
+            git-annex or DVC objects of the same repository).
 
     Returns:
         The opened checkpoint; close it, or use it in a ``with`` block.
@@ -220,7 +225,8 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
         TorchgraftError: Any failure, naming the file: a subclass says which kind.
     """
     location = Path(path)
-    contents = open_contents(location, ReadOptions(unsafe=unsafe, component=component))
+    contents = open_contents(location, ReadOptions(unsafe=unsafe, component=component,
+                                                          follow_links=follow_links))
     try:
         selection = select_weights(contents.root, key=weights_key)
     except TorchgraftError as exc:

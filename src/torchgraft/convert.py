@@ -126,7 +126,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             max_shard_size: int | str | None = None, unsafe: bool = False,
             weights_key: str | None = None, component: str | None = None,
             keep_wrappers: bool = False,
-            progress: Callable[[int, int], None] | None = None) -> ConvertReport:
+            progress: Callable[[int, int], None] | None = None,
+            follow_links: bool = False) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
 
     Reads anything :func:`torchgraft.open` reads (DCP directories written by many ranks
@@ -154,6 +155,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             key (``module.``); by default they are removed, before ``rules``, so the file loads
             into the bare model.
         progress: Called with (tensors done, total).
+        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
+            model store, such as the Hugging Face Hub cache, are followed anyway).
 
     Returns:
         The report.
@@ -166,7 +169,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     parsed = parse_rules(rules)
     cast_to = parse_dtype(dtype) if dtype else None
     with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key,
-                         component=component) as ckpt:
+                         component=component, follow_links=follow_links) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
         refs = ckpt.tensor_refs()

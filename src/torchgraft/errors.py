@@ -13,6 +13,7 @@ __all__ = [
     "CorruptCheckpointError",
     "DeviceError",
     "MissingDependencyError",
+    "OutsideCheckpointError",
     "TensorNotFoundError",
     "TorchgraftError",
     "UnknownFormatError",
@@ -81,6 +82,15 @@ class UnknownFormatError(TorchgraftError):
 
 class CorruptCheckpointError(TorchgraftError):
     """The file claims a known format but its contents are broken or truncated."""
+
+
+class OutsideCheckpointError(CorruptCheckpointError):
+    """A part the checkpoint names (a shard, a data file, a rank file) lies outside its folder.
+
+    An absolute name, a ``..`` leading out, or a link out of the folder that does not lead into
+    a recognised model store (the Hugging Face Hub cache's blobs): refused unless the caller
+    passes ``follow_links=True`` (CLI: ``--follow-links``).
+    """
 
 
 class UnsupportedCheckpointError(TorchgraftError):

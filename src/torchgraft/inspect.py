@@ -96,7 +96,8 @@ class CheckpointInfo:
 
 
 def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
-            weights_key: str | None = None, component: str | None = None) -> CheckpointInfo:
+            weights_key: str | None = None, component: str | None = None,
+            follow_links: bool = False) -> CheckpointInfo:
     """Summarise a checkpoint without reading its tensor data.
 
     Args:
@@ -105,6 +106,8 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
         weights_key: Where the weights are in a training checkpoint; found when ``None``.
         component: In a folder of several models (a diffusers pipeline, a sentence-
             transformers model), open this part alone (``"unet"``); all parts when ``None``.
+        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
+            model store, such as the Hugging Face Hub cache, are followed anyway).
 
     Returns:
         The summary: format, saved devices, wrappers, totals by dtype, extras, tensor table.
@@ -113,7 +116,7 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
         TorchgraftError: Any failure, naming the file.
     """
     with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                         component=component) as ckpt:
+                         component=component, follow_links=follow_links) as ckpt:
         info = CheckpointInfo(
             path=str(ckpt.path), format=ckpt.format, tensors=ckpt.items_meta(),
             saved_devices=sorted(ckpt.saved_devices), wrappers=ckpt.wrappers,

@@ -15,7 +15,7 @@ __all__ = ["load"]
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
          dtype: torch.dtype | str | None = None, unsafe: bool = False,
          weights_key: str | None = None, component: str | None = None,
-         ) -> dict[str, torch.Tensor]:
+         follow_links: bool = False) -> dict[str, torch.Tensor]:
     """Load the model weights of any checkpoint as a state dict.
 
     A file saved on ``cuda:1`` loads on a CPU-only machine with the default ``device``.
@@ -29,6 +29,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
         weights_key: Where the weights are in a training checkpoint; found when ``None``.
         component: In a folder of several models (a diffusers pipeline, a sentence-
             transformers model), open this part alone (``"unet"``); all parts when ``None``.
+        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
+            model store, such as the Hugging Face Hub cache, are followed anyway).
 
     Returns:
         Weight name to tensor, in stored order. CPU tensors may be memory-mapped
@@ -39,5 +41,5 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
     """
     devices = DeviceMap(device)
     with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                         component=component) as ckpt:
+                         component=component, follow_links=follow_links) as ckpt:
         return {name: ckpt.get(name, devices, dtype=dtype) for name in ckpt.keys()}

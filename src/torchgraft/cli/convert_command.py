@@ -37,7 +37,8 @@ __all__ = ["convert_command"]
 def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
                     rules: Path | None, drop_extras: bool, max_shard_size: str | None,
                     keep_wrappers: bool, overwrite: bool, unsafe: bool, weights_key: str | None,
-                    component: str | None, quiet: bool, as_json: bool) -> int:
+                    component: str | None, follow_links: bool, quiet: bool,
+                    as_json: bool) -> int:
     """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
 
     Exit codes: 0 written, 2 bad input.
@@ -51,6 +52,7 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
                          drop_extras=drop_extras, max_shard_size=max_shard_size,
                          overwrite=overwrite, unsafe=unsafe, keep_wrappers=keep_wrappers,
                          weights_key=weights_key, component=component,
+                         follow_links=follow_links,
                          progress=lambda done, total: bar.update(task, completed=done,
                                                                  total=total))
     if as_json:

@@ -70,8 +70,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   rules: Path | None, match: str, init: str, label_map: str | None,
                   no_adapt: bool, strict: bool,
                   overwrite: bool, unsafe: bool, weights_key: str | None,
-                  component: str | None, html_path: Path | None, details: bool, quiet: bool,
-                  as_json: bool) -> int:
+                  component: str | None, follow_links: bool, html_path: Path | None,
+                  details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
     Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
@@ -95,7 +95,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             report: GraftReport = graft(
                 source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
                 init=init, strict=strict, unsafe=unsafe, label_map=rows,  # type: ignore[arg-type]
-                weights_key=weights_key, component=component,
+                weights_key=weights_key, component=component, follow_links=follow_links,
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
             failed = None
         except GraftError as exc:

@@ -21,7 +21,7 @@ __all__ = ["inspect"]
 @click.option("--unsafe", is_flag=True,
               help="Let the file's pickle call code outside the allow-list. Trusted files only.")
 def inspect(path: Path, as_json: bool, show_all: bool, weights_key: str | None,
-            component: str | None, unsafe: bool) -> int:
+            component: str | None, follow_links: bool, unsafe: bool) -> int:
     """Show a checkpoint's format, devices, wrappers, totals, extras and tensors.
 
     PATH is a checkpoint file or a directory holding one. Tensor data is not read.
@@ -29,7 +29,7 @@ def inspect(path: Path, as_json: bool, show_all: bool, weights_key: str | None,
     from ..inspect import inspect as inspect_checkpoint
 
     info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                              component=component)
+                              component=component, follow_links=follow_links)
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, info.to_dict())

@@ -13,7 +13,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def source_options(command: F) -> F:
-    """Add ``--weights-key`` and ``--component`` to a command."""
+    """Add ``--weights-key``, ``--component`` and ``--follow-links`` to a command."""
+    command = click.option(
+        "--follow-links", is_flag=True,
+        help="Follow links out of the checkpoint's folder (links into the Hugging Face Hub "
+             "cache's blobs are followed anyway). Trusted folders only.")(command)
     command = click.option(
         "--component", default=None, metavar="NAME",
         help="In a folder of several models (diffusers pipeline, sentence-transformers), "

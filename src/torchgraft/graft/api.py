@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
+from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
 from .execute import execute_plan
 from .fusion import add_virtual
@@ -30,12 +31,14 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 
+@paused_gc()
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
           label_map: LabelMap | None = None, device: str | torch.device | None = None,
           unsafe: bool = False, weights_key: str | None = None, component: str | None = None,
-          progress: Callable[[int, int], None] | None = None) -> GraftReport:
+          progress: Callable[[int, int], None] | None = None,
+          follow_links: bool = False) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
@@ -80,6 +83,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             transformers model): graft from this part alone (``"unet"``); by default from all
             parts, their keys prefixed with the part's name.
         progress: Called with (tensors done, total) as tensors are filled.
+        follow_links: For checkpoint paths: follow links out of the checkpoint's folder (links
+            inside a recognised model store, such as the Hub cache, are followed anyway).
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -108,7 +113,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                         "keep: new rows and re-initialised heads use init='normal'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
-                         weights_key=weights_key, component=component)
+                         weights_key=weights_key, component=component,
+                         follow_links=follow_links)
     assigned: set[str] = set()
     try:
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)

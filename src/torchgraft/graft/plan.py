@@ -19,7 +19,6 @@ vocabulary) keeps the rows both have.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -132,25 +131,26 @@ def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]
 
 
 def _common_prefixes(targets: list[str], sources: list[str]) -> dict[str, str]:
-    """Pair keys that match once one side's extra prefix (``backbone.``...) is removed."""
-    counts: Counter[tuple[str, str]] = Counter()
-    for t in targets:
-        for s in sources:
-            if s.endswith("." + t):
-                counts[("source", s[: -len(t)])] += 1
-            elif t.endswith("." + s):
-                counts[("target", t[: -len(s)])] += 1
+    """Pair keys that match once one side's extra prefix (``backbone.``...) is removed.
+
+    Each dotted suffix of each name is looked up once in the other side's names, so the cost
+    is linear in the names' total length; the prefix shared by most names is tried first.
+    """
+    groups: dict[tuple[str, str], dict[str, str]] = {}  # (side, prefix) -> {name: rest}
+    for side, names, others in (("source", sources, set(targets)),
+                                ("target", targets, set(sources))):
+        for name in names:
+            for k, char in enumerate(name):
+                if char == "." and name[k + 1:] in others:
+                    groups.setdefault((side, name[:k + 1]), {})[name] = name[k + 1:]
     pairs: dict[str, str] = {}
-    for (side, prefix), _n in counts.most_common():
-        if side == "source":
-            found = _pair_by({t: t for t in targets if t not in pairs},
-                             {s: s.removeprefix(prefix) for s in sources
-                              if s.startswith(prefix) and s not in pairs.values()})
-        else:
-            found = _pair_by({t: t.removeprefix(prefix) for t in targets
-                              if t.startswith(prefix) and t not in pairs},
-                             {s: s for s in sources if s not in pairs.values()})
-        pairs.update(found)
+    taken: set[str] = set()
+    for (side, _prefix), found in sorted(groups.items(), key=lambda item: -len(item[1])):
+        for name, rest in found.items():
+            target, source = (rest, name) if side == "source" else (name, rest)
+            if target not in pairs and source not in taken:
+                pairs[target] = source
+                taken.add(source)
     return pairs
 
 
@@ -322,24 +322,26 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                              MatchStep.LAYOUT if layout_rule else MatchStep.EXACT)
 
     pairs: dict[str, str] = {}
+    paired: set[str] = set()  # pairs' values, for lookups in constant time
     how: dict[str, MatchStep] = {}
 
     def take(found: dict[str, str], step: MatchStep | None) -> None:
         for target, source in found.items():
-            if target not in pairs and source not in pairs.values():
+            if target not in pairs and source not in paired:
                 pairs[target] = source
+                paired.add(source)
                 how[target] = step or how_renamed[source]
 
     if match != "structure":
         take(_pair_by({t: t for t in dst.tensors}, renamed), None)
         left_t = [t for t in dst.tensors if t not in pairs]
-        left_s = [s for s in renamed if s not in pairs.values()]
+        left_s = [s for s in renamed if s not in paired]
         stripped_t = strip_wrappers(dst.tensors)[1]
         stripped_s = strip_wrappers(renamed.values())[1]
         take(_pair_by({t: stripped_t[t] for t in left_t},
                       {s: stripped_s[renamed[s]] for s in left_s}), MatchStep.WRAPPER)
         left_t = [t for t in dst.tensors if t not in pairs]
-        left_s = [s for s in renamed if s not in pairs.values()]
+        left_s = [s for s in renamed if s not in paired]
         by_stripped = {stripped_s[renamed[s]]: s for s in left_s}
         prefixed = _common_prefixes([stripped_t[t] for t in left_t], list(by_stripped))
         to_target = {stripped_t[t]: t for t in left_t}
@@ -349,7 +351,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     if match != "name":
         filled = {dst.ties.get(t, t) for t in pairs}
         left_t = [t for t in dst.order if t not in pairs and dst.ties.get(t, t) not in filled]
-        left_s = [s for s in src.order if s in renamed and s not in pairs.values()]
+        left_s = [s for s in src.order if s in renamed and s not in paired]
         back = {renamed[s]: s for s in left_s}
         src_infos = {renamed[s]: _renamed_info(src.tensors[s], renamed[s]) for s in left_s}
         alignment = align(left_t, list(back), dst.tensors, src_infos, _fits(layouts),

@@ -64,7 +64,8 @@ def _in_memory(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorRef]:
 
 
 def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool = False,
-                weights_key: str | None = None, component: str | None = None) -> GraftSource:
+                weights_key: str | None = None, component: str | None = None,
+                follow_links: bool = False) -> GraftSource:
     """Describe a graft source.
 
     Args:
@@ -74,6 +75,7 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
         unsafe: For paths: let pickles call code outside the allow-list.
         weights_key: For paths: where the weights are in a training checkpoint.
         component: For paths: the part of a folder of several models to open.
+        follow_links: For paths: follow links out of the checkpoint's folder.
 
     Returns:
         The source.
@@ -83,7 +85,7 @@ def open_source(source: SourceLike, *, example_inputs: Any = None, unsafe: bool 
     """
     if isinstance(source, (str, os.PathLike)):
         ckpt = open_checkpoint(source, unsafe=unsafe, weights_key=weights_key,
-                               component=component)
+                               component=component, follow_links=follow_links)
         opened = _from_checkpoint(ckpt)
         opened.closers.append(ckpt.close)
         return opened

@@ -49,10 +49,17 @@ class ReadOptions:
         unsafe: Allow pickles to call globals outside the allow-list (runs code from the file).
         component: In a folder of several models (diffusers, sentence-transformers), the one
             part to open.
+        follow_links: Follow links out of the checkpoint's folder that lead nowhere known
+            (see :func:`~torchgraft.io.contain.contained`).
     """
 
     unsafe: bool = False
     component: str | None = None
+    follow_links: bool = False
+
+    def part(self) -> ReadOptions:
+        """The options a part of this checkpoint is opened with (no component)."""
+        return ReadOptions(unsafe=self.unsafe, follow_links=self.follow_links)
 
 
 @dataclass

@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ..containers import select_weights
-from ..errors import CorruptCheckpointError, TensorNotFoundError, TorchgraftError
+from ..errors import (
+    CorruptCheckpointError,
+    OutsideCheckpointError,
+    TensorNotFoundError,
+    TorchgraftError,
+)
 from .base import Contents, Format, ReadOptions
+from .contain import contained
 from .registry import checkpoint_in, open_contents
 from .sharded import MAX_INDEX_BYTES
 
@@ -69,30 +75,34 @@ def _parts(kind: str, index: Any, path: Path) -> dict[str, str]:
         raise CorruptCheckpointError(f"the index lists {len(parts)} parts, more than any "
                                      f"pipeline ({MAX_COMPONENTS})", path=path)
     for name, folder in parts.items():
-        inside = (path / folder).resolve()
-        if folder and (inside.parent != path.resolve() or "/" in folder or folder in ("..",)):
+        if folder and ("/" in folder or "\\" in folder):
             raise CorruptCheckpointError(f"part '{name}' is not a folder inside the pipeline "
                                          f"('{folder}')", path=path)
     return parts
 
 
 def _open_part(path: Path, folder: str, options: ReadOptions) -> Contents | None:
-    where = path / folder
+    where = contained(path, folder, named_by=path, what="part folder",
+                      follow_links=options.follow_links) if folder else path
     if not where.is_dir():
         return None
     if not folder:  # the folder itself: its own checkpoint file, not the folder again
         try:
-            target = checkpoint_in(where)
+            target = checkpoint_in(where, follow_links=options.follow_links)
+        except OutsideCheckpointError:
+            raise
         except TorchgraftError:
             return None
-        return open_contents(target, ReadOptions(unsafe=options.unsafe))
+        return open_contents(target, options.part())
     if _claims(where):
         raise CorruptCheckpointError("a pipeline inside a pipeline is not read", path=where)
     try:
-        checkpoint_in(where)
+        checkpoint_in(where, follow_links=options.follow_links)
+    except OutsideCheckpointError:
+        raise
     except TorchgraftError:
         return None  # a tokenizer, a scheduler, a pooling layer: configuration only
-    return open_contents(where, ReadOptions(unsafe=options.unsafe))
+    return open_contents(where, options.part())
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:

@@ -18,6 +18,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject, safe_load
 from .base import Contents, Format, ReadOptions, WriteJob
+from .contain import contained
 from .source import FileSource
 from .torch_zip import read_blob
 
@@ -39,8 +40,10 @@ def _attrs(obj: Any, kind: str, path: Path) -> dict[str, Any]:
 class _Storage:
     """Where each item's bytes are: (fqn, chunk offset) to (file, offset, length)."""
 
-    def __init__(self, directory: Path, storage_data: Any, metadata_path: Path) -> None:
+    def __init__(self, directory: Path, storage_data: Any, metadata_path: Path, *,
+                 follow_links: bool) -> None:
         self.directory = directory
+        self.follow_links = follow_links
         self.sources: dict[str, FileSource] = {}
         self.items: dict[tuple[str, tuple[int, ...] | None], tuple[FileSource, int, int]] = {}
         if not isinstance(storage_data, dict):
@@ -60,8 +63,9 @@ class _Storage:
 
     def _source(self, relative: str, metadata_path: Path) -> FileSource:
         if relative not in self.sources:
-            file = self.directory / relative
-            if self.directory.resolve() not in file.resolve().parents or not file.is_file():
+            file = contained(self.directory, relative, named_by=metadata_path, what="data file",
+                             follow_links=self.follow_links)
+            if not file.is_file():
                 raise CorruptCheckpointError(
                     f"data file '{relative}' named by .metadata is missing", path=metadata_path)
             self.sources[relative] = FileSource(file)
@@ -153,10 +157,12 @@ def _nest(flat: dict[str, Any], planner_data: Any) -> dict[str, Any]:
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    metadata_path = path / _METADATA
+    metadata_path = contained(path, _METADATA, named_by=path, what="metadata file",
+                              follow_links=options.follow_links)
     with metadata_path.open("rb") as f:
         metadata = _attrs(safe_load(f, path=str(metadata_path)), "Metadata", metadata_path)
-    storage = _Storage(path, metadata.get("storage_data"), metadata_path)
+    storage = _Storage(path, metadata.get("storage_data"), metadata_path,
+                       follow_links=options.follow_links)
     entries = metadata.get("state_dict_metadata")
     if not isinstance(entries, dict):
         raise CorruptCheckpointError("state_dict_metadata is not a mapping", path=metadata_path)

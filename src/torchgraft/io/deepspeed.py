@@ -35,6 +35,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject
 from .base import Contents, Format, ReadOptions
+from .contain import contained
 from .registry import open_contents
 
 __all__ = ["FORMAT"]
@@ -47,31 +48,41 @@ _TAG = re.compile(r"^[\w.\-]{1,200}$")
 MAX_RANKS = 4096
 
 
-def _tag_folder(path: Path) -> Path | None:
-    """The folder holding the rank files: ``path`` itself, or the tag ``latest`` names."""
+def _tag_folder(path: Path, *, follow_links: bool = False) -> Path | None:
+    """The folder holding the rank files: ``path`` itself, or the tag ``latest`` names.
+
+    ``latest`` and the tag folder must lie inside ``path`` (a link out is refused).
+    """
     if any(_MODEL.match(p.name) for p in path.iterdir() if p.is_file()):
         return path
     latest = path / "latest"
-    if latest.is_file() and latest.stat().st_size <= 256:
+    if latest.is_file():
+        contained(path, latest.name, named_by=path, what="'latest' file",
+                  follow_links=follow_links)
+        if latest.stat().st_size > 256:
+            return None
         tag = latest.read_text(errors="replace").strip()
         if _TAG.match(tag) and tag not in (".", "..") and (path / tag).is_dir():
-            return path / tag
+            return contained(path, tag, named_by=latest, what="tag folder",
+                             follow_links=follow_links)
     return None
 
 
 def _claims(path: Path) -> bool:
     try:
-        return _tag_folder(path) is not None
+        return _tag_folder(path, follow_links=True) is not None
     except OSError:
         return False
 
 
-def _ranked(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
+def _ranked(folder: Path, pattern: re.Pattern[str], follow_links: bool) -> list[Path]:
     found: dict[int, Path] = {}
     for path in folder.iterdir():
         match = pattern.match(path.name)
         if match is None:
             continue
+        path = contained(folder, path.name, named_by=folder, what="rank file",
+                         follow_links=follow_links)
         if int(match[2]) != 0:
             raise UnsupportedCheckpointError(
                 "a tensor-parallel DeepSpeed checkpoint (mp_rank_01...): merge it with "
@@ -241,18 +252,18 @@ def _merge(states: list[dict[str, Any]], optims: list[dict[str, Any]]) -> dict[s
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    folder = _tag_folder(path)
+    folder = _tag_folder(path, follow_links=options.follow_links)
     if folder is None:
         raise CorruptCheckpointError("not a DeepSpeed checkpoint folder", path=path)
     opened: list[Contents] = []
     try:
         states = []
-        for file in _ranked(folder, _MODEL):
-            opened.append(open_contents(file, ReadOptions(unsafe=options.unsafe)))
+        for file in _ranked(folder, _MODEL, options.follow_links):
+            opened.append(open_contents(file, options.part()))
             states.append(opened[-1].root)
         optims = []
-        for file in _ranked(folder, _OPTIM):
-            opened.append(open_contents(file, ReadOptions(unsafe=options.unsafe)))
+        for file in _ranked(folder, _OPTIM, options.follow_links):
+            opened.append(open_contents(file, options.part()))
             optims.append(opened[-1].root)
         if not states or not all(isinstance(s, dict) for s in [*states, *optims]):
             raise CorruptCheckpointError("the rank files are not DeepSpeed states", path=folder)

@@ -14,6 +14,7 @@ from ..errors import (
     reading,
 )
 from .base import Contents, Format, ReadOptions
+from .contain import contained
 from .sharded import MAX_INDEX_BYTES
 
 __all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
@@ -52,18 +53,27 @@ def _by_suffix(path: Path) -> Format | None:
     return max(matches, key=lambda m: m[0])[1] if matches else None
 
 
-def checkpoint_in(directory: Path) -> Path:
+def checkpoint_in(directory: Path, *, follow_links: bool = False) -> Path:
     """The checkpoint file a folder holds: a preferred name, else its only checkpoint file.
 
     Args:
         directory: The folder.
+        follow_links: Accept a file that links out of the folder (see
+            :func:`~torchgraft.io.contain.contained`).
 
     Returns:
         The file.
 
     Raises:
         CheckpointNotFoundError: If it holds none, or several and none is preferred.
+        OutsideCheckpointError: If the file links out of the folder.
     """
+    found = _checkpoint_file(directory)
+    return contained(directory, found.name, named_by=directory, what="checkpoint file",
+                     follow_links=follow_links)
+
+
+def _checkpoint_file(directory: Path) -> Path:
     files = sorted(p for p in directory.iterdir() if p.is_file())
     candidates = [p for p in files if _by_suffix(p) is not None]
     indexes = [p for p in candidates if p.name.endswith(".index.json")]
@@ -101,11 +111,12 @@ def _shard_names(indexes: list[Path]) -> set[str]:
     return names
 
 
-def detect(path: Path) -> tuple[Format, Path]:
+def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     """Find the format of ``path``, resolving a directory to the checkpoint inside it.
 
     Args:
         path: A checkpoint file or directory.
+        follow_links: Accept a directory's checkpoint file that links out of it.
 
     Returns:
         The format, and the path to open with it.
@@ -121,7 +132,7 @@ def detect(path: Path) -> tuple[Format, Path]:
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
                 return fmt, path
-        path = checkpoint_in(path)
+        path = checkpoint_in(path, follow_links=follow_links)
     if not path.is_file():
         raise UnsupportedCheckpointError(
             "not a regular file or a folder (a FIFO, device or socket could block or never "
@@ -156,7 +167,7 @@ def open_contents(path: Path, options: ReadOptions) -> Contents:
     Raises:
         TorchgraftError: If the path cannot be opened; the message names it.
     """
-    fmt, target = detect(path)
+    fmt, target = detect(path, follow_links=options.follow_links)
     if options.component is not None and fmt.name != "components":
         raise TorchgraftError(
             f"component='{options.component}' picks a part of a folder of several models (a "

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..meta import TensorRef
 from .base import Contents, Format, ReadOptions
+from .contain import contained
 
 __all__ = ["FORMAT"]
 
@@ -45,13 +46,9 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     shards: dict[str, Contents] = {}
     contents = Contents("sharded", path, {}, [])
     try:
-        folder = path.parent.resolve()
         for shard_name in dict.fromkeys(weight_map.values()):
-            shard_path = path.parent / shard_name
-            if Path(shard_name).is_absolute() or not shard_path.resolve().is_relative_to(folder):
-                raise CorruptCheckpointError(
-                    f"shard '{shard_name}' named by the index lies outside the index's folder "
-                    "(an absolute path, '..' or a link leading out): refused", path=path)
+            shard_path = contained(path.parent, shard_name, named_by=path, what="shard",
+                                   follow_links=options.follow_links)
             if not shard_path.is_file():
                 raise CheckpointNotFoundError(
                     f"shard '{shard_name}' named by the index is missing", path=path)
