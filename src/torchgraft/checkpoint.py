@@ -170,7 +170,12 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
         with reading(path), _naming(name):
             ref.read_into(out)
 
-    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span)
+    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
+        with reading(path), _naming(name):
+            ref.read_box(start, out)
+
+    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span,
+                     read_box=read_box)
 
 
 @contextlib.contextmanager

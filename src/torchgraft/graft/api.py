@@ -12,6 +12,7 @@ from torch import nn
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
+from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .fusion import add_virtual
 from .layouts import layouts_for
@@ -111,6 +112,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         init = "normal"
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
+    sharded = sharded_targets(target, state_tensors(target))
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key, component=component,
@@ -132,10 +134,17 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                 k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
             as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
                          if not s.ops and not s.cast and where.type == "cpu"}
-            assigned = materialise(target, [s.target for s in plan.steps], where,
-                                   zeroed=zeroed, values=as_stored)
+            filled = [s.target for s in plan.steps]
+            assigned = materialise(target, [k for k in filled if k not in sharded], where,
+                                   zeroed=[k for k in zeroed if k not in sharded],
+                                   values=as_stored)
+            materialise_sharded(target, sharded, [*filled, *zeroed],
+                                where if device is not None else None)
+        if sharded:
+            fill_sharded(plan, opened.refs, sharded)
         state = state_tensors(target)
-        execute_plan(plan, opened.refs, state, progress=progress, assigned=assigned)
+        execute_plan(plan, opened.refs, state, progress=progress,
+                     assigned=assigned | set(sharded))
     finally:
         opened.close()
     report = GraftReport.from_plan(plan, targets=target_side.tensors,

@@ -41,7 +41,8 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         refs: Source key to lazy tensor.
         targets: Target key to the model's parameter or buffer (filled in place).
         progress: Called with (tensors done, total) after each tensor.
-        assigned: Target keys already holding their checkpoint values (on a meta model).
+        assigned: Target keys already holding their checkpoint values (on a meta model, or
+            the shards of a sharded model); they are neither read nor re-initialised here.
     """
     done = 0
 
@@ -77,6 +78,6 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
                   if targets[s.target].device.type == "cpu"], threads=READERS,
                  done=tick)
         if plan.init != "keep":
-            for key in plan.reinitialised:
+            for key in [k for k in plan.reinitialised if k not in assigned]:
                 out = targets[key]
                 out.copy_(fresh_values(out.detach(), plan.init))

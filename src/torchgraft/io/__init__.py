@@ -6,7 +6,9 @@ from . import (
     components,
     dcp,
     deepspeed,
+    gguf_format,
     numpy_format,
+    onnx_format,
     pickle_format,
     pt2,
     safetensors_format,
@@ -34,5 +36,7 @@ for _fmt in (
     dcp.FORMAT,
     deepspeed.FORMAT,
     components.FORMAT,
+    gguf_format.FORMAT,
+    onnx_format.FORMAT,
 ):
     register(_fmt)

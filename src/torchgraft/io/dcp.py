@@ -98,21 +98,32 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
                                          path=metadata_path)
     _check_cover(fqn, size, chunks, metadata_path)
 
-    def read() -> torch.Tensor:
-        out = torch.empty(size, dtype=dtype)
+    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
+        # Only the chunks the block overlaps are read: a rank of another world size reads
+        # the chunks its shard spans, whichever rank wrote them.
         for offsets, sizes in chunks:
+            low = [max(a, b) for a, b in zip(offsets, start, strict=True)]
+            high = [min(a + n, b + m) for a, n, b, m in zip(offsets, sizes, start, out.shape,
+                                                             strict=True)]
+            if any(h <= lo for lo, h in zip(low, high, strict=True)):
+                continue
             data, name = storage.blob(fqn, offsets)
             part = read_blob(data, name=name, unsafe=unsafe)
             if not isinstance(part, TensorRef) or part.meta.shape != sizes:
                 raise CorruptCheckpointError(f"chunk {offsets} of '{fqn}' is not a {sizes} tensor",
                                              path=name)
-            target = out
-            for dim, (start, length) in enumerate(zip(offsets, sizes, strict=True)):
-                target = target.narrow(dim, start, length)
-            target.copy_(part.read())
+            piece, target = part.read(), out
+            for dim, (lo, hi) in enumerate(zip(low, high, strict=True)):
+                piece = piece.narrow(dim, lo - offsets[dim], hi - lo)
+                target = target.narrow(dim, lo - start[dim], hi - lo)
+            target.copy_(piece)
+
+    def read() -> torch.Tensor:
+        out = torch.empty(size, dtype=dtype)
+        read_box((0,) * len(size), out)
         return out
 
-    return TensorRef(TensorMeta.of(size, dtype), read)
+    return TensorRef(TensorMeta.of(size, dtype), read, read_box=read_box)
 
 
 def _check_cover(fqn: str, size: tuple[int, ...],

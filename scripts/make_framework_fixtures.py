@@ -1,0 +1,149 @@
+"""Write the other frameworks' fixture files (tests/fixtures/frameworks/), with each one's writer.
+
+Each subcommand runs in the environment that has its framework, never torchgraft's own:
+
+    python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
+    /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
+    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
+
+Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
+with the framework's outputs for fixed inputs beside it (``*_io.npz``) so that tests check
+equal outputs without the framework. Versions go to tests/fixtures/frameworks/MANIFEST.json.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "frameworks"
+
+
+def _record(name: str, files: list[str], how: str, packages: list[str]) -> None:
+    manifest_path = OUT / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[name] = {"files": files, "how": how,
+                      "versions": {p: importlib.metadata.version(p) for p in packages}}
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+def _llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf ``LlamaModel.permute``: rotary rows interleaved."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def make_gguf() -> None:
+    """A tiny transformers Llama written by gguf-py's GGUFWriter, in several GGML types.
+
+    Q8_0 and Q4_0 come from gguf.quants.quantize of the model's weights. gguf-py has no
+    quantizer for the K-quants: their blocks are random codes (valid Q4_K / Q6_K blocks with
+    small scales), and the model takes the weights gguf.quants.dequantize reads from them. So
+    the model's weights are exactly what the file holds (the reference outputs are the
+    transformers model's), and the Q8_0/Q4_0 error against the float model is recorded too.
+    """
+    import gguf
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    q = gguf.GGMLQuantizationType
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=False,
+                         rope_theta=10000.0)
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
+    with torch.no_grad():
+        float_logits = model(ids).logits.numpy()
+    types = {"self_attn.q_proj": q.Q4_K, "self_attn.k_proj": q.Q8_0, "self_attn.v_proj": q.Q4_0,
+             "self_attn.o_proj": q.Q6_K, "mlp.gate_proj": q.Q8_0, "mlp.up_proj": q.Q4_K,
+             "mlp.down_proj": q.Q6_K}
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    heads = {"self_attn.q_proj": config.num_attention_heads,
+             "self_attn.k_proj": config.num_key_value_heads}
+    path = OUT / "gguf" / "llama_mixed.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    with torch.no_grad():
+        state = model.state_dict()
+        for i in range(config.num_hidden_layers):
+            for part, gname in names.items():
+                key = f"model.layers.{i}.{part}.weight"
+                weight = state[key].numpy()
+                qtype = types.get(part)
+                if qtype is None:
+                    writer.add_tensor(f"blk.{i}.{gname}.weight", weight)
+                    continue
+                if qtype in (q.Q4_K, q.Q6_K):
+                    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                    codes = rng.integers(0, 256, (weight.shape[0],
+                                                  weight.shape[1] // block * nbytes), np.uint8)
+                    scale = np.full((*codes.shape[:-1], codes.shape[1] // nbytes, 1),
+                                    np.float16(0.002)).view(np.uint8)
+                    blocks = codes.reshape(codes.shape[0], -1, nbytes)
+                    if qtype == q.Q4_K:
+                        blocks[..., 0:2] = scale[..., 0:2]
+                        blocks[..., 2:4] = scale[..., 0:2]  # dmin
+                    else:
+                        blocks[..., -2:] = scale[..., 0:2]
+                    codes = blocks.reshape(codes.shape)
+                else:
+                    codes = gguf.quants.quantize(weight, qtype)
+                exact = gguf.quants.dequantize(codes, qtype).astype(np.float32)
+                state[key].copy_(torch.from_numpy(exact))
+                if part in heads:
+                    codes = _llama_permute(codes, heads[part])
+                writer.add_tensor(f"blk.{i}.{gname}.weight", codes, raw_dtype=qtype)
+        writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy()
+                          .astype(np.float16))
+        state["model.embed_tokens.weight"].copy_(
+            state["model.embed_tokens.weight"].half().float())
+        writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+        head = state["lm_head.weight"].numpy()
+        head_codes = gguf.quants.quantize(head, q.Q8_0)
+        state["lm_head.weight"].copy_(torch.from_numpy(
+            gguf.quants.dequantize(head_codes, q.Q8_0).astype(np.float32)))
+        writer.add_tensor("output.weight", head_codes, raw_dtype=q.Q8_0)
+        logits = model(ids).logits.numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    np.savez(OUT / "gguf" / "llama_mixed_io.npz", ids=ids.numpy(), logits=logits,
+             float_logits=float_logits)
+    _record("gguf/llama_mixed", ["gguf/llama_mixed.gguf", "gguf/llama_mixed_io.npz"],
+            "transformers LlamaForCausalLM (seed 0) written with gguf.GGUFWriter as llama.cpp's "
+            "converter does (q/k rows permuted); Q8_0/Q4_0 by gguf.quants.quantize, Q4_K/Q6_K "
+            "random valid blocks (gguf-py has no K-quantizer) with the model set to their "
+            "gguf.quants.dequantize values; logits: the transformers model holding exactly the "
+            "file's dequantized weights; float_logits: before quantization",
+            ["gguf", "transformers", "torch", "numpy"])
+
+
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf}
+
+if __name__ == "__main__":
+    for command in sys.argv[1:] or list(COMMANDS):
+        COMMANDS[command]()
