@@ -152,8 +152,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         component: In a folder of several models (a diffusers pipeline, a sentence-
             transformers model), open this part alone (``"unet"``); all parts when ``None``.
         keep_wrappers: Keep the prefixes that DataParallel, DDP or torch.compile added to every
-            key (``module.``); by default they are removed, before ``rules``, so the file loads
-            into the bare model.
+            key (``module.``, ``_orig_mod.``; Lightning's ``model.`` inside a Lightning
+            checkpoint); by default they are removed, before ``rules``, so the file loads into
+            the bare model. A ``model.`` elsewhere is a real module and is kept.
         progress: Called with (tensors done, total).
         follow_links: Follow links out of the checkpoint's folder (links inside a recognised
             model store, such as the Hugging Face Hub cache, are followed anyway).
@@ -173,7 +174,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
         refs = ckpt.tensor_refs()
-        prefix, bare = strip_wrappers(refs) if not keep_wrappers else ("", {n: n for n in refs})
+        prefix, bare = (strip_wrappers(refs, saved=ckpt.saved_keys) if not keep_wrappers
+                        else ("", {n: n for n in refs}))
         report.wrappers_removed = prefix
         for name, ref in refs.items():
             new, _rule = rename(bare[name], parsed)

@@ -57,7 +57,15 @@ def test_graft_json_missing_and_strict_exit_1(run: Run, tmp_path: Path, setup: t
     models, ckpt, _ = setup
     args = ["graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
             '{"num_classes": 21}']
-    result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json")
+    refused = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json")
+    assert refused.returncode == 1 and not (tmp_path / "a.pt").exists()
+    data = json.loads(refused.stdout)
+    assert data["out"] is None and "--allow-incomplete" in data["error"]
+    plain = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt")
+    assert plain.returncode == 1 and not (tmp_path / "a.pt").exists()
+    assert "not saved to" in plain.stdout and "--allow-incomplete" in plain.stdout
+    result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json",
+                 "--allow-incomplete")
     assert result.returncode == 1
     data = json.loads(result.stdout)
     assert data["missing"] == ["fc.weight", "fc.bias"] and data["out"] == str(tmp_path / "a.pt")

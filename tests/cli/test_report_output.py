@@ -33,6 +33,31 @@ def _run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
 
 
+def _library_graft(models: Path, ckpt: Path) -> tg.GraftReport:
+    """The library's report of the graft the CLI runs."""
+    sys.path.insert(0, str(models.parent))
+    try:
+        import longmodels
+
+        return tg.graft(ckpt, longmodels.long_names())
+    finally:
+        sys.path.remove(str(models.parent))
+        sys.modules.pop("longmodels", None)
+
+
+def _breakable(line: str) -> bool:
+    """Whether a line too long for 80 columns could have been wrapped (no word fills a line)."""
+    return max(len(word) for word in line.split()) < 80 - 12 - 3
+
+
+def _row(lines: list[str], start: int) -> str:
+    """A printed row with the lines it continues on (indented under its key), joined."""
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(" " * 12):
+        end += 1
+    return " ".join(" ".join(lines[start:end]).split())
+
+
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "longmodels.py").write_text(MODELS)
@@ -58,13 +83,37 @@ def test_default_output_summarises_renames_and_fits_80_columns(
                   str(tmp_path / "out.pt"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    too_long = [line for line in lines if len(line) > 80 and _breakable(line)]
+    assert not too_long  # only a key longer than a line stands alone, whole
     assert lines[0] == "graft ok: 48 loaded, 48 renamed, 2 reinitialised, 2 unused"
-    renamed = [line for line in lines if line.split()[:1] == ["wrapper"]]  # 'model.' removed
+    renamed = [_row(lines, i) for i, line in enumerate(lines)
+               if line.split()[:1] == ["wrapper"]]  # 'model.' removed
     assert len(renamed) == 1 and "48 keys" in renamed[0] and "--details" in renamed[0]
-    reinit = [line for line in lines if line.split()[:1] == ["reinit"]]
-    assert len(reinit) == 2 and all("..." in line for line in reinit)  # shortened, not wrapped
-    assert "classification_head_projection.weight" in reinit[0]
+    reinit = [i for i, line in enumerate(lines) if line.split()[:1] == ["reinit"]]
+    assert len(reinit) == 2 and "classification_head_projection.weight" in lines[reinit[0]]
+    # piped output is wrapped, never cut: the whole reason, continued under the key
+    report = _library_graft(models, ckpt)
+    reason = report.reinitialised["classification_head_projection.weight"]
+    row = _row(lines, reinit[0])
+    assert row.endswith(" ".join(reason.split()))
+
+
+def test_rows_are_cut_only_on_a_terminal() -> None:
+    from rich.console import Console
+
+    from torchgraft.cli.render import print_rows
+
+    rows = [("missing", "encoder." + "very_long_module_name." * 2 + "weight",
+             "a reason long enough to need more than one line at eighty columns: " * 3)]
+    for terminal, full in ((True, False), (True, True), (False, False)):
+        console = Console(width=80, force_terminal=terminal, no_color=True, record=True)
+        print_rows(console, rows, full=full)
+        text = console.export_text()
+        assert all(len(line) <= 80 for line in text.splitlines())
+        if terminal and not full:
+            assert len(text.splitlines()) == 1 and "..." in text
+        else:
+            assert " ".join(text.split()) == " ".join(f"missing {rows[0][1]} {rows[0][2]}".split())
 
 
 def test_details_lists_every_key_and_quiet_only_the_verdict(
@@ -74,7 +123,9 @@ def test_details_lists_every_key_and_quiet_only_the_verdict(
     details = _run(*base, "--out", str(tmp_path / "a.pt"), "--details")
     rows = [line for line in details.stdout.splitlines() if line.split()[:1] == ["wrapper"]]
     assert len(rows) == 48
-    assert all(len(line) <= 80 for line in details.stdout.splitlines())
+    assert not [line for line in details.stdout.splitlines()
+                if len(line) > 80 and _breakable(line)]
+    assert "..." not in details.stdout.replace("label_map=...", "")  # every key whole
     quiet = _run(*base, "--out", str(tmp_path / "b.pt"), "--quiet")
     assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 1
     assert quiet.stderr == ""
@@ -84,14 +135,7 @@ def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) 
     models, ckpt = setup
     result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
                   str(tmp_path / "c.pt"), columns=200)
-    sys.path.insert(0, str(models.parent))
-    try:
-        import longmodels
-
-        report = tg.graft(ckpt, longmodels.long_names())
-    finally:
-        sys.path.remove(str(models.parent))
-        sys.modules.pop("longmodels", None)
+    report = _library_graft(models, ckpt)
     assert result.stdout.splitlines()[0] == report.headline() == str(report).splitlines()[0]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,16 +80,20 @@ def _did(item: dict[str, Any]) -> str:
 
 
 def _labelled(console: Console, rows: list[tuple[str, str]]) -> None:
-    """``label  text`` lines: prose cut at the terminal's width, code ("do it") whole."""
+    """``label  text`` lines: prose cut at a terminal's width, wrapped when piped; code whole."""
     width = max(console.width - 14, 30)
     for label, text in rows:
         style = {"PyTorch": "red", "torchgraft": "green", "passed": "green",
                  "FAILED": "red"}.get(label, "cyan")
         text = one_line(text)
+        lines = [text]
         if label not in ("do it", "") and len(text) > width:
-            text = text[:width - 3] + "..."
-        console.print(f"  [{style}]{label:<10}[/{style}]  {escape(text)}", highlight=False,
+            lines = [text[:width - 3] + "..."] if console.is_terminal else textwrap.wrap(
+                text, width=width, break_long_words=False, break_on_hyphens=False)
+        console.print(f"  [{style}]{label:<10}[/{style}]  {escape(lines[0])}", highlight=False,
                       soft_wrap=True)
+        for more in lines[1:]:
+            console.print(f"{'':14}{escape(more)}", highlight=False, soft_wrap=True)
 
 
 def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[GraftStep],

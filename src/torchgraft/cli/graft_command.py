@@ -57,6 +57,8 @@ def _label_map(text: str | None) -> LabelMap | None:
                    "for model row i, null for a new row) or {model_row: checkpoint_row}.")
 @click.option("--no-adapt", is_flag=True, help="Copy exact shapes only.")
 @click.option("--strict", is_flag=True, help="Fail if any key is missing or unused.")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Save --out even when the graft is not ok (keys missing, outputs differ).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
@@ -68,7 +70,7 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
                   rules: Path | None, match: str, init: str, label_map: str | None,
-                  no_adapt: bool, strict: bool,
+                  no_adapt: bool, strict: bool, allow_incomplete: bool,
                   overwrite: bool, unsafe: bool, weights_key: str | None,
                   component: str | None, follow_links: bool, html_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
@@ -77,6 +79,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
     equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
     key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
+    An incomplete or diverged graft saves nothing unless --allow-incomplete; an unverified one
+    is saved (exit 3).
     """
     from ..graft import GraftError, graft
     from ..save import resolve_format, save
@@ -100,6 +104,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, str(exc)
+        if failed is None and not report.complete and not allow_incomplete:
+            failed = (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
+                      "--allow-incomplete saves it anyway")
         if failed is None:
             bar.update(task, description="saving", completed=0, total=None)
             save(model, out, overwrite=overwrite,

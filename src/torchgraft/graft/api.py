@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
+from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
@@ -18,10 +20,11 @@ from .fusion import add_virtual
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, Plan, build_plan
+from .quantized_target import graft_quantized
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
 from .sides import module_side, quantized_modules, state_tensors, unwrap
-from .source import SourceLike, open_source
+from .source import GraftSource, SourceLike, open_source
 from .verify import compare
 
 __all__ = ["Verify", "graft"]
@@ -101,13 +104,17 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         raise TorchgraftError(f"init={init!r}: use 'keep', 'normal' or 'zeros'")
     if verify not in (True, False, "auto"):
         raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
+    source, model, swapped = _in_order(source, model)
     source_inputs = example_inputs if source_inputs is None else source_inputs
     if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
-    _refuse_quantized(target)
+    if quantized_modules(target):
+        return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
+                                           component=component, follow_links=follow_links),
+                               target, strict=strict)
     on_meta = has_meta(target)
-    warnings = []
+    warnings = [swapped] if swapped else []
     if on_meta and init == "keep":
         init = "normal"
         warnings.append("the model is on the meta device, so it has no values of its own to "
@@ -163,18 +170,41 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     return report
 
 
-def _refuse_quantized(target: nn.Module) -> None:
-    """A quantized model keeps packed weights that graft cannot fill one tensor at a time."""
-    found = quantized_modules(target)
-    if found:
-        path, cls = next(iter(found.items()))
-        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-        raise TorchgraftError(
-            f"Cannot graft into '{path or type(target).__name__}' ({cls}){more}: a quantized "
-            "module packs its weights with their quantizer, so they cannot be filled tensor by "
-            "tensor. Graft into the float model, then quantize it (torch.ao.quantization's "
-            "quantize_dynamic or convert); a quantized checkpoint grafts into a float model, "
-            "dequantized.")
+def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
+    """``(source, model)``, accepting ``graft(model, checkpoint)`` when that is unambiguous.
+
+    ``safetensors.torch.load_model(model, file)`` takes the model first; when the model is
+    given first and the checkpoint is not a module, the two can only be swapped.
+
+    Returns:
+        The source, the model, and a warning when they were swapped (``""`` otherwise).
+
+    Raises:
+        TorchgraftError: If ``model`` is not an ``nn.Module`` either way.
+    """
+    if isinstance(model, nn.Module):
+        return source, model, ""
+    if isinstance(source, nn.Module) and isinstance(model, (str, os.PathLike, Mapping,
+                                                            Checkpoint)):
+        warning = ("the arguments came as graft(model, checkpoint); the order is "
+                   "tg.graft(checkpoint, model) (the model is filled in place either way)")
+        logger.warning("%s", warning)
+        return model, source, warning
+    raise TorchgraftError(
+        f"tg.graft(source, model): the model must be an nn.Module, got a "
+        f"{type(model).__name__}; the checkpoint (a path, a state dict, a module or a "
+        "tg.open() result) comes first, the model second")
+
+
+def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> GraftReport:
+    """A quantized model takes the same quantized architecture's checkpoint, as stored."""
+    try:
+        report = graft_quantized(opened.refs, target)
+    finally:
+        opened.close()
+    if strict and not report.clean:
+        raise GraftError(report)
+    return report
 
 
 def _meta_inputs(inputs: Any) -> Any:

@@ -32,12 +32,14 @@ class GraftSource:
         refs: Key to lazy tensor.
         module: The unwrapped source module, when the source is one.
         closers: Called by :meth:`close`.
+        saved_keys: The top-level keys of a checkpoint's saved object (evidence of wrappers).
     """
 
     side: Side
     refs: dict[str, TensorRef]
     module: nn.Module | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+    saved_keys: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Release files opened for the graft."""
@@ -116,4 +118,4 @@ def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
 
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    return GraftSource(_refs_side(refs, ckpt.format), refs)
+    return GraftSource(_refs_side(refs, ckpt.format), refs, saved_keys=ckpt.saved_keys)
