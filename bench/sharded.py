@@ -15,9 +15,10 @@ built on the meta device and wrapped with ``fully_shard`` (gloo, CPU). Sides, ea
 
 The clock runs from building the model to every rank holding its weights; the checksum of
 the whole model (a collective) must agree between the sides. Memory: each rank's peak RSS
-during the load less its RSS with the meta model built (before any weight); bytes read: the growth of ``rchar`` in
-``/proc/self/io`` (read system calls; pages of a memory-mapped file are not counted there
-but are in the RSS). Wall ratios: median of the per-pair ratios over ``--repeat`` pairs.
+during the load less its RSS with the meta model built (before any weight); bytes read: the
+growth of ``rchar`` in ``/proc/self/io`` (read system calls; pages of a memory-mapped file
+are not counted there but are in the RSS). Wall ratios: median of the per-pair ratios over
+``--repeat`` pairs.
 
 Run: python bench/sharded.py [--layers 256] [--ranks 2 4] [--repeat 3]
 """
