@@ -79,6 +79,18 @@ class Fused(nn.Module):
         return self.attn(x)
 
 
+class Vocab(nn.Module):
+    """An embedding grown from 10 rows (the file) to 12: the rows both have are kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(12, 8)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.embed(x))
+
+
 def build(kind: type[nn.Module], meta: bool) -> nn.Module:
     torch.manual_seed(1)  # not the file's values
     if meta:
@@ -201,6 +213,20 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
             for leaf in ("weight", "bias")})
         return graft(model, FOLDER / "qkv.safetensors") | check(model, fused, x, train=True)
 
+    def grown_vocab() -> dict[str, Any]:
+        """An adaptation that keeps the model's own rows: the whole tensor, then the block."""
+        from torch.distributed.tensor import DTensor
+
+        own = build(Vocab, meta=False).embed.weight.detach().clone()
+        model = fsdp(build(Vocab, meta=False), flat)
+        out = graft(model, FOLDER / "vocab.safetensors")
+        weight = model.embed.weight
+        assert isinstance(weight, DTensor)
+        full = weight.full_tensor()
+        stored = load_file(FOLDER / "vocab.safetensors")["embed.weight"]
+        return out | {"kept": torch.equal(full[:10], stored) and torch.equal(full[10:],
+                                                                             own[10:])}
+
     def dcp_2_into_4() -> dict[str, Any]:
         model = build(DCPNet, meta=True)
         fsdp(model, flat)
@@ -244,7 +270,8 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         return graft(model, FOLDER / "model.safetensors")
 
     return {f.__name__: f for f in (fsdp_meta_pt, fsdp_safetensors, tp_meta_hf_folder,
-                                    fsdp_tp_grid, gpt2_conv1d, fused_qkv, dcp_2_into_4,
+                                    fsdp_tp_grid, gpt2_conv1d, fused_qkv, grown_vocab,
+                                    dcp_2_into_4,
                                     dcp_converted_for_4, broken_shape, broken_missing,
                                     partial_placement)}
 
