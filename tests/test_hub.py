@@ -113,7 +113,7 @@ def test_the_cli_takes_a_repo_id(cache: Path, cached: tuple[Path, Path], tmp_pat
 def test_what_is_not_cached_or_not_installed_says_so(
         cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(tg.CheckpointNotFoundError,
-                       match=r"no Hugging Face Hub repository 'org/absent'.*hf download org/absent"):
+                       match=r"Hub repository 'org/absent'.*hf download org/absent"):
         tg.open("org/absent")
     with pytest.raises(tg.CheckpointNotFoundError, match=r"'org/tiny-llama' at revision 'v9'"):
         tg.open("org/tiny-llama@v9")

@@ -13,8 +13,8 @@ from ..errors import (
     UnsupportedCheckpointError,
     reading,
 )
-from .base import Contents, Format, ReadOptions
 from ..hub import resolve as resolve_repo_id
+from .base import Contents, Format, ReadOptions
 from .contain import contained
 from .nature import nature_of
 from .sharded import MAX_INDEX_BYTES
