@@ -39,6 +39,8 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
+            adapter never holds; not missing (the report is scoped to the adapter's keys).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
     """
@@ -55,6 +57,7 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    not_in_adapter: list[str] = field(default_factory=list)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
 
@@ -118,6 +121,7 @@ class GraftReport:
             "tied": len(self.tied),
             "missing": len(self.missing),
             "unused": len(self.unused),
+            "not in adapter": len(self.not_in_adapter),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,7 +131,7 @@ class GraftReport:
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence}
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -164,6 +168,7 @@ class GraftReport:
         rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
         rows += [("missing", k, self.reasons[k]) for k in self.missing]
         rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
+        rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
         return rows
 
     def headline(self) -> str:
