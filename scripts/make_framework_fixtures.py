@@ -142,7 +142,91 @@ def make_gguf() -> None:
             ["gguf", "transformers", "torch", "numpy"])
 
 
-COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf}
+# --- Keras / TensorFlow ---------------------------------------------------------------------
+
+def _randomise_keras(model: Any, rng: np.random.Generator) -> None:
+    """Random values for every variable (BatchNorm statistics included), variances positive."""
+    for variable in model.weights:
+        shape = tuple(variable.shape)
+        value = rng.standard_normal(shape).astype(np.float32) * 0.5
+        if "variance" in getattr(variable, "path", variable.name):
+            value = np.abs(value) + 0.5
+        variable.assign(value)
+
+
+def make_keras() -> None:
+    """Keras 3, tf.keras and transformers' TF models, saved by their own functions.
+
+    Keras 3 models by model.save (.keras) and save_weights (.weights.h5); a tf.keras (Keras 2)
+    model by save_weights to legacy HDF5; transformers' TFBertModel by save_pretrained
+    (tf_model.h5). Outputs for fixed inputs beside each.
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tf_keras
+    from transformers import BertConfig, TFBertModel
+
+    out = OUT / "keras"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = layers.Conv2D(4, 3, name="stem")(inputs)
+    x = layers.BatchNormalization(name="stem_bn")(x)
+    x = layers.ReLU()(x)
+    x = layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(6, name="fc")(x)
+    x = layers.LayerNormalization(name="norm")(x)
+    outputs = layers.Dense(3, name="head")(x)
+    cnn = keras.Model(inputs, outputs)
+    _randomise_keras(cnn, rng)
+    image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    cnn.save(out / "cnn.keras")
+    cnn.save_weights(out / "cnn.weights.h5")
+    np.savez(out / "cnn_io.npz", x=image, y=np.asarray(cnn(image, training=False)))
+
+    tokens = keras.Input((5,), dtype="int32")
+    h = layers.Embedding(10, 8, name="embed")(tokens)
+    h = layers.MultiHeadAttention(2, 4, name="attn")(h, h)
+    h = layers.Dense(3, name="out")(h)
+    attention = keras.Model(tokens, h)
+    _randomise_keras(attention, rng)
+    ids = rng.integers(0, 10, (2, 5)).astype(np.int32)
+    attention.save(out / "attention.keras")
+    np.savez(out / "attention_io.npz", ids=ids, y=np.asarray(attention(ids)))
+
+    tf_keras.utils.set_random_seed(0)
+    legacy = tf_keras.Sequential([
+        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+        tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(5),
+    ])
+    _randomise_keras(legacy, rng)
+    legacy.save_weights(str(out / "legacy.h5"))
+    np.savez(out / "legacy_io.npz", x=image, y=legacy(image, training=False).numpy())
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=16)
+    bert = TFBertModel(config)
+    bert_ids = rng.integers(0, 50, (2, 6)).astype(np.int32)
+    bert(bert_ids)
+    bert.save_pretrained(out / "tf_bert")
+    (out / "tf_bert" / "config.json").unlink()
+    np.savez(out / "tf_bert_io.npz", ids=bert_ids,
+             y=bert(bert_ids, training=False).last_hidden_state.numpy())
+    _record("keras", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "keras 3 functional models (seeded, variables randomised) saved with model.save and "
+            "save_weights; a tf_keras Sequential with save_weights('.h5'); transformers "
+            "TFBertModel.save_pretrained (tf_model.h5); *_io.npz: the framework's outputs",
+            ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
+
+
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

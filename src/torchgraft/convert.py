@@ -13,6 +13,7 @@ import torch
 
 from .checkpoint import open as open_checkpoint
 from .containers import all_tensors
+from .graft.experts import per_expert
 from .graft.rules import RulesSpec, parse_rules, rename
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
@@ -125,7 +126,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             overwrite: bool = False, drop_extras: bool = False,
             max_shard_size: int | str | None = None, unsafe: bool = False,
             weights_key: str | None = None, component: str | None = None,
-            keep_wrappers: bool = False,
+            keep_wrappers: bool = False, experts: str | None = None,
             progress: Callable[[int, int], None] | None = None,
             follow_links: bool = False) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
@@ -155,6 +156,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             key (``module.``, ``_orig_mod.``; Lightning's ``model.`` inside a Lightning
             checkpoint); by default they are removed, before ``rules``, so the file loads into
             the bare model. A ``model.`` elsewhere is a real module and is kept.
+        experts: Write stacked mixture-of-experts parameters per expert, as the Hub stores
+            them: ``"per-expert"`` or ``"mixtral"`` (see :func:`torchgraft.save`).
         progress: Called with (tensors done, total).
         follow_links: Follow links out of the checkpoint's folder (links inside a recognised
             model store, such as the Hugging Face Hub cache, are followed anyway).
@@ -185,6 +188,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             if new != bare[name]:
                 report.renamed[name] = new
             tensors[new] = ref
+        if experts is not None:
+            tensors = per_expert(tensors, experts)
         extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key,
                                                  {r.alias_key for r in refs.values()}, report)
         metadata = {}

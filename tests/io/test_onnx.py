@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
-from torchgraft.errors import CorruptCheckpointError, TorchgraftError, UnsafeCheckpointError
+from torchgraft.errors import CorruptCheckpointError, OutsideCheckpointError, TorchgraftError
 
 onnx = pytest.importorskip("onnx")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -92,7 +92,7 @@ def _external(tmp_path: Path, exported: tuple[Net, Path], **entries: str) -> Pat
 
 def test_external_data_outside_the_folder_is_refused(tmp_path: Path,
                                                       exported: tuple[Net, Path]) -> None:
-    with pytest.raises(UnsafeCheckpointError):
+    with pytest.raises(OutsideCheckpointError):
         tg.open(_external(tmp_path, exported, location="../../etc/passwd"))
 
 

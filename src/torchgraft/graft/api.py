@@ -22,6 +22,7 @@ from .adapters import (
 )
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
+from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
@@ -134,16 +135,20 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     try:
         scope = _adapter_scope(opened, target, target_side.tensors)
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
+        experts = add_experts(source_side, opened.refs, target_side)
+        source_side = experts.side
+        derived = {v.name: v.why for v in virtual} | {
+            name: why for name, (_parts, why) in experts.virtual.items()}
         saved_copies = modules_to_save_layout(list(target_side.tensors)) if scope else None
-        layouts = layouts_for(source_side, target_side) + ([saved_copies] if saved_copies
-                                                           else [])
         try:
             plan = build_plan(source_side, target_side, rules=parse_rules(rules),
-                              layouts=layouts, match=match,
-                              adapt=adapt, init=init, label_map=label_map,
-                              derived={v.name: v.why for v in virtual})
+                              layouts=layouts_for(source_side, target_side)
+                              + expert_layouts(source_side, target_side)
+                              + ([saved_copies] if saved_copies else []), match=match,
+                              adapt=adapt, init=init, label_map=label_map, derived=derived)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
+        explain(plan, experts)
         plan.warnings[:0] = warnings
         if on_meta:
             where = torch.device(device) if device is not None else default_device(target)
@@ -245,7 +250,8 @@ def _meta_inputs(inputs: Any) -> Any:
 
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
-    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split")) for text in
+    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
+                                       "unstacked")) for text in
                       report.adapted.values())
     return layout_only and report.ok and not report.reinitialised
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 import torch
 
 from ..meta import TensorRef
-from .adapt import fresh_values
+from .adapt import Derived, fresh_values
 from .plan import Plan
 from .reads import plan_read, read_all
 from .staging import StagedFiller
@@ -67,10 +67,13 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         for step in plan.steps:
             if step.ops and step.target not in assigned:
                 out = targets[step.target]
-                tensor = refs[step.source].read()
-                for op in step.ops:
-                    tensor = op.apply(tensor, out.detach().cpu())
-                out.copy_(tensor)
+                if not step.cast and all(isinstance(op, Derived) for op in step.ops):
+                    refs[step.source].read_into(out)  # stacked experts: each into its slice
+                else:
+                    tensor = refs[step.source].read()
+                    for op in step.ops:
+                        tensor = op.apply(tensor, out.detach().cpu())
+                    out.copy_(tensor)
                 logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
             if step.ops or step.target in assigned:
                 tick()

@@ -7,6 +7,7 @@ from . import (
     dcp,
     deepspeed,
     gguf_format,
+    keras_format,
     numpy_format,
     onnx_format,
     pickle_format,
@@ -23,10 +24,12 @@ __all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "detect", "formats",
            "register"]
 
 # Legacy torch files are pickles too: their magic must be tried before the plain pickle's.
-# torch.export archives are zips too: their first entry is tried before torch.save's zip.
+# torch.export archives and .keras files are zips too: their first entry is tried before
+# torch.save's zip.
 for _fmt in (
     torch_legacy.FORMAT,
     pt2.FORMAT,
+    keras_format.KERAS_ARCHIVE_FORMAT,
     torch_zip.FORMAT,
     numpy_format.NPZ_FORMAT,
     numpy_format.NPY_FORMAT,
@@ -38,5 +41,6 @@ for _fmt in (
     components.FORMAT,
     gguf_format.FORMAT,
     onnx_format.FORMAT,
+    keras_format.FORMAT,
 ):
     register(_fmt)

@@ -113,7 +113,8 @@ class Leaf:
         ops: Layout operation (:data:`LAYOUT_OPS`) by the stored tensor's number of
             dimensions; a number of dimensions not listed is kept as stored.
         parent: Only under a module whose own name matches this pattern (``"query"`` for
-            attention projections); ``None`` for any.
+            attention projections), and only for the numbers of dimensions in ``ops``; ``None``
+            for any module.
     """
 
     name: str
@@ -140,7 +141,10 @@ def torch_layout(leaves: Sequence[Leaf], parent: str, leaf: str,
         The name and operation, or ``None`` when the table has no entry (kept as stored).
     """
     for entry in leaves:
-        if entry.name == leaf and (entry.parent is None or re.fullmatch(entry.parent, parent)):
+        if entry.name != leaf or (entry.parent is not None
+                                  and not re.fullmatch(entry.parent, parent)):
+            continue
+        if entry.parent is None or entry.op_for(ndim) is not None:
             return entry.torch_name, entry.op_for(ndim)
     return None
 

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, UnsafeCheckpointError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
+from .contain import contained
 from .framework import relaid
 from .source import ByteSource, FileSource, MemorySource
 
@@ -244,18 +245,16 @@ def _recovered(tensor: _Tensor, uses: list[tuple[_Node, int]]) -> tuple[str, str
 class _Files:
     """External data files, opened once each, only inside the model's folder."""
 
-    def __init__(self, model: Path) -> None:
-        self.folder = model.resolve().parent
+    def __init__(self, model: Path, options: ReadOptions) -> None:
         self.model = model
+        self.follow_links = options.follow_links
         self.open: dict[str, FileSource] = {}
 
     def get(self, location: str, name: str) -> FileSource:
-        target = (self.folder / location).resolve()
-        if Path(location).is_absolute() or not target.is_relative_to(self.folder):
-            raise UnsafeCheckpointError(
-                f"external data of '{name}' at '{location}', outside the model's folder",
-                path=self.model)
         if location not in self.open:
+            target = contained(self.model.parent, location, named_by=self.model,
+                               what=f"external data of '{name}'",
+                               follow_links=self.follow_links)
             if not target.is_file():
                 raise CorruptCheckpointError(f"external data file '{location}' of '{name}' is "
                                              "missing: copy it beside the model",
@@ -342,7 +341,7 @@ def _typed(tensor: _Tensor, meta: TensorMeta, source: FileSource, path: Path) ->
 
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
-    files = _Files(path)
+    files = _Files(path, options)
     tensors, nodes = _graph(source)
     root: dict[str, Any] = {}
     constants: list[str] = []
