@@ -150,7 +150,7 @@ def extras_tree(extras: dict[str, Any]) -> list[str]:
 _STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta",
                  "guess": "yellow", "surplus": "yellow"}
 #: Row statuses that only say how a key was matched: summarised unless --details.
-_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure")
+_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure", "base")
 
 
 def print_rows(console: Console, rows: list[tuple[str, str, str]], *,

@@ -40,6 +40,8 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
+            adapter never holds; not missing (the report is scoped to the adapter's keys).
         evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
             ``guess``, or ``verified`` once outputs were compared equal.
         guesses: Loaded key filled by a guess to its alternatives and how to settle it; any
@@ -62,6 +64,7 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    not_in_adapter: list[str] = field(default_factory=list)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
     surplus: dict[str, str] = field(default_factory=dict)
@@ -167,6 +170,7 @@ class GraftReport:
             "tied": len(self.tied),
             "missing": len(self.missing),
             "unused": len(self.unused),
+            "not in adapter": len(self.not_in_adapter),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,7 +184,7 @@ class GraftReport:
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence}
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -221,6 +225,7 @@ class GraftReport:
         rows += [("surplus" if k in self.surplus else "unused", k,
                   self.surplus.get(k, self.reasons[k]))
                  for k in self.unused if k not in self.missing]
+        rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
         return rows
 
     def settle(self) -> str:
