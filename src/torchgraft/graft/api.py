@@ -227,7 +227,7 @@ def _plain_copy(report: GraftReport) -> bool:
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
                                        "unstacked")) for text in
                       report.adapted.values())
-    return layout_only and report.ok and not report.reinitialised
+    return layout_only and report.complete and not report.reinitialised
 
 
 def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Module,
@@ -239,3 +239,5 @@ def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Modul
     if result.divergence is not None:
         report.divergence = (f"{result.divergence}; outputs differ by {result.max_abs_diff:.3g} "
                              f"(tolerance {result.tolerance:.3g})")
+    else:
+        report.mark_verified()
