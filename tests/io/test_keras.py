@@ -34,6 +34,13 @@ class KerasCNN(nn.Module):
         return self.head(self.norm(self.fc(y)))
 
 
+class Projections(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key, self.value, self.attention_output = (nn.Linear(8, 8)
+                                                                   for _ in range(4))
+
+
 class KerasAttention(nn.Module):
     """Embedding, Keras MultiHeadAttention(num_heads=2, key_dim=4) and a Dense."""
 
@@ -41,7 +48,7 @@ class KerasAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.embed = nn.Embedding(10, 8)
-        self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+        self.attn = Projections()
         self.out = nn.Linear(8, 3)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -51,9 +58,20 @@ class KerasAttention(nn.Module):
         def split(y: torch.Tensor) -> torch.Tensor:
             return y.view(b, t, self.heads, -1).transpose(1, 2)
 
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        attn = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        return self.out(self.o((attn @ v).transpose(1, 2).reshape(b, t, -1)))
+        q, k, v = (split(p(x)) for p in (self.attn.query, self.attn.key, self.attn.value))
+        weights = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        return self.out(self.attn.attention_output((weights @ v).transpose(1, 2)
+                                                   .reshape(b, t, -1)))
+
+
+class Unnamed(nn.Module):
+    """The attention model with projections named q, k, v, o: only their shapes tell them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+        self.out = nn.Linear(8, 3)
 
 
 class LegacyNet(nn.Module):
@@ -115,8 +133,15 @@ def test_transformers_tf_model_h5_grafts_into_bert() -> None:
     np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
 
 
-def test_other_widths_and_head_counts_are_never_ok() -> None:
+def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
     assert not tg.graft(FIXTURES / "cnn.keras", KerasCNN(width=7), strict=False).ok
+    # Four same-shaped projections under other names: a guess, never ok.
+    assert not tg.graft(FIXTURES / "attention.keras", Unnamed(), strict=False).ok
+
+
+def test_inspect_states_the_head_size() -> None:
+    metadata = tg.inspect(FIXTURES / "attention.keras").extras["__metadata__"]
+    assert metadata["head_dims"] == {"attn": 4}
 
 
 def test_inspect_and_convert(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions
-from .framework import Leaf, relaid, torch_layout
+from .framework import ATTENTION_PROJECTIONS, Leaf, record_head_dim, relaid, torch_layout
 from .source import FileSource
 
 __all__ = ["FORMAT", "LEAVES"]
@@ -41,14 +41,13 @@ _MAX_NODES = 10_000_000
 _NDARRAY, _NPSCALAR = 1, 3
 _CHUNKED = "__msgpack_chunked_array__"
 _COLLECTIONS = ("params", "batch_stats")
-_ATTENTION = r"query|key|value"
 
 _CONV = "channels_last_kernel"
 #: Flax leaf names to PyTorch's, with layout operations by number of dimensions.
 LEAVES = (
-    Leaf("kernel", "weight", ((3, "heads_in"),), parent=_ATTENTION),
+    Leaf("kernel", "weight", ((3, "heads_in"),), parent=ATTENTION_PROJECTIONS),
     Leaf("kernel", "weight", ((3, "heads_out"),), parent=r"out"),
-    Leaf("bias", "bias", ((2, "flatten"),), parent=_ATTENTION),
+    Leaf("bias", "bias", ((2, "flatten"),), parent=ATTENTION_PROJECTIONS),
     Leaf("kernel", "weight", ((2, "transpose"), (3, _CONV), (4, _CONV), (5, _CONV))),
     Leaf("bias", "bias"), Leaf("scale", "weight"), Leaf("embedding", "weight"),
     Leaf("mean", "running_mean"), Leaf("var", "running_var"),
@@ -278,7 +277,7 @@ def _stacked_roots(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, 
     for path, ref in leaves.items():
         parent = path[-2] if len(path) > 1 else ""
         if path[-1] not in _VECTOR_LEAVES or len(ref.meta.shape) != 2 or (
-                path[-1] == "bias" and parent in _ATTENTION.split("|")):
+                path[-1] == "bias" and parent in ATTENTION_PROJECTIONS.split("|")):
             continue
         layers = ref.meta.shape[0]
         for cut in range(1, len(path) - 1):
@@ -316,6 +315,10 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         else:
             stored[trimmed] = _chunked_ref(source, node, where)
     stacked = _stacked_roots(stored)
+    head_dims: dict[str, int] = {}
+    for key, ref in stored.items():
+        shape = ref.meta.shape[1:] if any(key[:len(r)] == r for r in stacked) else ref.meta.shape
+        record_head_dim(head_dims, key[:-1], key[-1], shape)
     root: dict[str, Any] = {}
     for key, ref in sorted(stored.items(), key=lambda item: _order(item[0])):
         cut = next((len(r) for r in stacked if key[:len(r)] == r), None)
@@ -330,6 +333,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         "layout": "Flax names and layouts re-laid as PyTorch's (kernels transposed, HWIO to "
                   "OIHW, scale/embedding/mean/var renamed)",
         "scan_stacked": {".".join(k): n for k, n in stacked.items()},
+        "head_dims": head_dims,
     }
     return Contents("flax", path, root, [source.close])
 
