@@ -110,7 +110,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
-    if quantized_modules(target):
+    state = state_tensors(target)  # one walk of a large model's state dict, shared below
+    if quantized_modules(target, state):
         return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
                                            component=component, follow_links=follow_links),
                                target, strict=strict)
@@ -120,8 +121,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         init = "normal"
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
-    sharded = sharded_targets(target, state_tensors(target))
-    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
+    sharded = sharded_targets(target, state)
+    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
+                              tensors=state)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key, component=component,
                          follow_links=follow_links)
@@ -150,12 +152,13 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             filled = [s.target for s in plan.steps]
             assigned = materialise(target, [k for k in filled if k not in sharded], where,
                                    zeroed=[k for k in zeroed if k not in sharded],
-                                   values=as_stored)
-            materialise_sharded(target, sharded, [*filled, *zeroed],
-                                where if device is not None else None)
+                                   values=as_stored, state=state)
+            if sharded:
+                materialise_sharded(target, sharded, [*filled, *zeroed],
+                                    where if device is not None else None)
         if sharded:
             fill_sharded(plan, opened.refs, sharded)
-        state = state_tensors(target)
+            state = state_tensors(target)  # materialise updated ``state``; DTensors anew
         execute_plan(plan, opened.refs, state, progress=progress,
                      assigned=assigned | set(sharded))
     finally:
