@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "flax"
@@ -34,32 +35,9 @@ class FlaxCNN(nn.Module):
         return self.head(self.norm(self.fc(y)))
 
 
-class Projections(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.key, self.value, self.out = (nn.Linear(8, 8) for _ in range(4))
-
-
-class FlaxAttention(nn.Module):
+def FlaxAttention() -> AttentionTwin:
     """nn.Embed, nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8), nn.Dense."""
-
-    def __init__(self, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.embed = nn.Embedding(10, 8)
-        self.attn = Projections()
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        b, t, _ = x.shape
-
-        def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
-
-        q, k, v = (split(p(x)) for p in (self.attn.query, self.attn.key, self.attn.value))
-        weights = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        return self.head(self.attn.out((weights @ v).transpose(1, 2).reshape(b, t, -1)))
+    return AttentionTwin(output="out", head="head")
 
 
 class Block(nn.Module):
@@ -99,17 +77,7 @@ def test_flax_msgpack_grafts_with_equal_outputs(name: str, model: type[nn.Module
 
 
 def test_transformers_flax_model_msgpack_grafts_into_bert() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16)
-    model = transformers.BertModel(config).eval()
-    io = np.load(FIXTURES / "flax_bert_io.npz")
-    report = tg.graft(FIXTURES / "flax_bert" / "flax_model.msgpack", model)
-    assert report.ok, report
-    with torch.no_grad():
-        out = model(torch.from_numpy(io["ids"]).long()).last_hidden_state
-    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+    assert_bert_grafts(FIXTURES / "flax_bert" / "flax_model.msgpack", FIXTURES / "flax_bert_io.npz")
 
 
 def test_a_layer_more_or_another_width_is_never_ok() -> None:

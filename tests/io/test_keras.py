@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 
 h5py = pytest.importorskip("h5py")
@@ -34,34 +35,9 @@ class KerasCNN(nn.Module):
         return self.head(self.norm(self.fc(y)))
 
 
-class Projections(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.key, self.value, self.attention_output = (nn.Linear(8, 8)
-                                                                   for _ in range(4))
-
-
-class KerasAttention(nn.Module):
+def KerasAttention() -> AttentionTwin:
     """Embedding, Keras MultiHeadAttention(num_heads=2, key_dim=4) and a Dense."""
-
-    def __init__(self, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.embed = nn.Embedding(10, 8)
-        self.attn = Projections()
-        self.out = nn.Linear(8, 3)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        b, t, _ = x.shape
-
-        def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
-
-        q, k, v = (split(p(x)) for p in (self.attn.query, self.attn.key, self.attn.value))
-        weights = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        return self.out(self.attn.attention_output((weights @ v).transpose(1, 2)
-                                                   .reshape(b, t, -1)))
+    return AttentionTwin(output="attention_output", head="out")
 
 
 class Unnamed(nn.Module):
@@ -120,17 +96,7 @@ def test_legacy_tf_keras_h5_grafts() -> None:
 
 
 def test_transformers_tf_model_h5_grafts_into_bert() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16)
-    model = transformers.BertModel(config).eval()
-    io = np.load(FIXTURES / "tf_bert_io.npz")
-    report = tg.graft(FIXTURES / "tf_bert" / "tf_model.h5", model)
-    assert report.ok, report
-    with torch.no_grad():
-        out = model(torch.from_numpy(io["ids"]).long()).last_hidden_state
-    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+    assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
 
 
 def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
