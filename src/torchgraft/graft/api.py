@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
 
 import torch
@@ -14,10 +14,17 @@ from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
+from .adapters import (
+    adapter_keys,
+    modules_to_save_layout,
+    refuse_plain_target,
+    scope_to_adapter,
+)
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
+from .html import describe
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, Plan, build_plan
@@ -129,15 +136,18 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                          follow_links=follow_links)
     assigned: set[str] = set()
     try:
+        scope = _adapter_scope(opened, target, target_side.tensors)
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
         experts = add_experts(source_side, opened.refs, target_side)
         source_side = experts.side
         derived = {v.name: v.why for v in virtual} | {
             name: why for name, (_parts, why) in experts.virtual.items()}
+        saved_copies = modules_to_save_layout(list(target_side.tensors)) if scope else None
         try:
             plan = build_plan(source_side, target_side, rules=parse_rules(rules),
                               layouts=layouts_for(source_side, target_side)
-                              + expert_layouts(source_side, target_side), match=match,
+                              + expert_layouts(source_side, target_side)
+                              + ([saved_copies] if saved_copies else []), match=match,
                               adapt=adapt, init=init, label_map=label_map, derived=derived)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
@@ -165,6 +175,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         opened.close()
     report = GraftReport.from_plan(plan, targets=target_side.tensors,
                                    sources=source_side.tensors)
+    report.shapes = {**{k: describe(i) for k, i in target_side.tensors.items()},
+                     **{f"checkpoint:{k}": describe(i) for k, i in source_side.tensors.items()}}
+    if scope is not None:
+        scope_to_adapter(report, scope)
     for key in still_on_meta(target) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
@@ -177,6 +191,21 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _adapter_scope(opened: GraftSource, target: nn.Module,
+                   keys: Iterable[str]) -> set[str] | None:
+    """A PEFT adapter's graft is about the model's adapter keys; a model without any refuses it.
+
+    Returns:
+        The target's adapter keys when the source is an adapter, else ``None``.
+    """
+    if opened.adapter is None:
+        return None
+    scope = adapter_keys(target, list(keys))
+    if scope is None:
+        raise refuse_plain_target(opened.adapter, str(opened.adapter.folder))
+    return scope
 
 
 def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
