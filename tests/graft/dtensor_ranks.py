@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,33 +51,14 @@ class GPT2MLP(nn.Module):
         return self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.mlp = GPT2MLP()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x)
+def block() -> nn.Module:
+    """GPT-2's block, as far as its MLP goes: ``mlp.c_fc``, ``mlp.c_proj``."""
+    return nn.Sequential(OrderedDict(mlp=GPT2MLP()))
 
 
-class Attn(nn.Module):
+def fused() -> nn.Module:
     """A fused projection (timm's ``attn.qkv``); the file holds ``q``, ``k`` and ``v``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = nn.Linear(8, 24)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qkv(x)
-
-
-class Fused(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn = Attn()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x)
+    return nn.Sequential(OrderedDict(attn=nn.Sequential(OrderedDict(qkv=nn.Linear(8, 24)))))
 
 
 class Vocab(nn.Module):
@@ -91,7 +73,7 @@ class Vocab(nn.Module):
         return self.out(self.embed(x))
 
 
-def build(kind: type[nn.Module], meta: bool) -> nn.Module:
+def build(kind: Callable[[], nn.Module], meta: bool) -> nn.Module:
     torch.manual_seed(1)  # not the file's values
     if meta:
         with torch.device("meta"):
@@ -120,7 +102,7 @@ def tp(model: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
     return parallelize_module(model, mesh, {k: styles[v]() for k, v in plan.items()})
 
 
-def reference(kind: type[nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
+def reference(kind: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
     model = kind()
     model.load_state_dict(state)
     return model
@@ -192,8 +174,8 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
 
     def gpt2_conv1d() -> dict[str, Any]:
         assert grid is not None
-        model = build(Block, meta=True)
-        tp(model.mlp, grid["tp"], {"c_fc": "col", "c_proj": "row"})
+        model = build(block, meta=True)
+        tp(model.get_submodule("mlp"), grid["tp"], {"c_fc": "col", "c_proj": "row"})
         fsdp(model, grid["dp"])
         out = graft(model, FOLDER / "gpt2_mlp.safetensors")
         io = torch.load(FOLDER / "gpt2_io.pt", weights_only=True)
@@ -204,14 +186,14 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
     def fused_qkv() -> dict[str, Any]:
         """q, k, v from the file into a column-sharded fused qkv: each rank reads its rows."""
         assert grid is not None
-        model = build(Fused, meta=True)
-        tp(model.attn, grid["tp"], {"qkv": "col-sharded"})
+        model = build(fused, meta=True)
+        tp(model.get_submodule("attn"), grid["tp"], {"qkv": "col-sharded"})
         fsdp(model, grid["dp"])
         parts = load_file(FOLDER / "qkv.safetensors")
-        fused = reference(Fused, {
+        expected = reference(fused, {
             f"attn.qkv.{leaf}": torch.cat([parts[f"attn.{p}.{leaf}"] for p in "qkv"])
             for leaf in ("weight", "bias")})
-        return graft(model, FOLDER / "qkv.safetensors") | check(model, fused, x, train=True)
+        return graft(model, FOLDER / "qkv.safetensors") | check(model, expected, x, train=True)
 
     def grown_vocab() -> dict[str, Any]:
         """An adaptation that keeps the model's own rows: the whole tensor, then the block."""
@@ -299,6 +281,9 @@ def main() -> None:
     (FOLDER / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.barrier()  # every rank done before the group goes: gloo aborts on a lone teardown
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # now and then a C++ destructor at exit called std::terminate: results are in
 
 
 if __name__ == "__main__":
