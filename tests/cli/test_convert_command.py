@@ -60,3 +60,21 @@ def test_export(run: Run, tmp_path: Path) -> None:
     bad = run("export", f"{tmp_path / 'mymodels.py'}:net", "--out", str(tmp_path / "x.onnx"),
               "--input-shape", "1,3,x")
     assert bad.returncode == 2
+
+
+def test_convert_to_dcp_for_ranks(run: Run, tmp_path: Path, model: SmallNet) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "m.pth"
+    torch.save({"epoch": 2, "state_dict": model.state_dict()}, src)
+    result = run("convert", str(src), str(tmp_path / "ckpt"), "--ranks", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    expected = model.state_dict()
+    state = {"state_dict": {k: torch.empty_like(v) for k, v in expected.items()}, "epoch": 0}
+    dcp.load(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)  # torch reads it
+    assert_same_state(state["state_dict"], expected)
+    assert state["epoch"] == 2
+    wrong = run("convert", str(src), str(tmp_path / "m.safetensors"), "--ranks", "2")
+    assert wrong.returncode == 2 and "ranks=2" in wrong.stderr

@@ -112,3 +112,31 @@ def test_diff(run: Run, tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["values"] == {"w": 1.0} and data["only_in_a"] == ["v"]
     assert data["only_in_b"] == ["u"]
+
+
+GUESSING = '''
+from torch import nn
+def net():
+    m = nn.Sequential()
+    m.a = nn.LayerNorm(4)
+    m.b = nn.LayerNorm(4)
+    return m
+'''
+
+
+def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
+    """Two same-shape norms under names nothing relates: filled, but a guess (exit 3)."""
+    models = tmp_path / "guessing.py"
+    models.write_text(GUESSING)
+    source = nn.Sequential()
+    source.p = nn.LayerNorm(4)
+    source.r = nn.LayerNorm(4)
+    torch.save(source.state_dict(), tmp_path / "s.pt")
+    args = ["graft", str(tmp_path / "s.pt"), "--model", f"{models}:net"]
+    result = run(*args, "--out", str(tmp_path / "a.pt"))
+    assert result.returncode == 3, result.stderr
+    assert "graft UNVERIFIED" in result.stdout and "to settle them" in result.stdout
+    data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
+    assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
+    assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
+    assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")

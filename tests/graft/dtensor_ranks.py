@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -169,6 +170,27 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         full = torch.load(FOLDER / "reference.pt", weights_only=True)
         return out | check(model, reference(DCPNet, full), torch.randn(2, 8), train=True)
 
+    def dcp_converted_for_4() -> dict[str, Any]:
+        """tg.convert(..., ranks=4): torch's dcp.load reads it; graft reads one file a rank."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.tensor import DTensor
+
+        from torchgraft.io import dcp as dcp_format
+
+        loaded = fsdp(build(MLP, meta=False), flat)
+        state = loaded.state_dict()
+        dcp.load(state, checkpoint_id=FOLDER / "dcp4")
+        by_torch = all(torch.equal(v.full_tensor() if isinstance(v, DTensor) else v,
+                                   ref.state_dict()[k]) for k, v in state.items())
+        model = fsdp(build(MLP, meta=True), flat)
+        with mock.patch.object(dcp_format, "read_blob", wraps=dcp_format.read_blob) as blobs:
+            out = graft(model, FOLDER / "dcp4")
+        files = {Path(call.kwargs["name"].partition("[")[0]).name
+                 for call in blobs.call_args_list}
+        own = {f"__{dist.get_rank()}_0.distcp"}
+        return out | check(model, ref, x, train=True) | {
+            "by_torch": by_torch, "files": sorted(files), "own_file_only": files <= own}
+
     def broken_shape() -> dict[str, Any]:
         return graft(fsdp(build(MLP, meta=True), flat), FOLDER / "wrong_shape.safetensors")
 
@@ -184,7 +206,8 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         return graft(model, FOLDER / "model.safetensors")
 
     return {f.__name__: f for f in (fsdp_meta_pt, fsdp_safetensors, tp_meta_hf_folder,
-                                    fsdp_tp_grid, gpt2_conv1d, dcp_2_into_4, broken_shape,
+                                    fsdp_tp_grid, gpt2_conv1d, dcp_2_into_4, dcp_converted_for_4,
+                                    broken_shape,
                                     broken_missing, partial_placement)}
 
 

@@ -42,6 +42,7 @@ def _write_sources(folder: Path) -> None:
               folder / "missing.safetensors")
     _write_gpt2(folder)
     write_fsdp2(folder / "dcp")  # 2 ranks; reference.pt beside it
+    tg.convert(folder / "model.safetensors", folder / "dcp4", ranks=RANKS)
 
 
 def _write_gpt2(folder: Path) -> None:
@@ -74,7 +75,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 FILLED = ["fsdp_meta_pt", "fsdp_safetensors", "tp_meta_hf_folder", "fsdp_tp_grid",
-          "dcp_2_into_4"]
+          "dcp_2_into_4", "dcp_converted_for_4"]
 
 
 @pytest.mark.parametrize("scenario", FILLED)
@@ -87,6 +88,13 @@ def test_sharded_model_computes_what_the_unsharded_one_does(
         assert result["max_diff"] < 1e-6, (rank, result)  # sharded matmuls sum in other orders
         assert result["trained"], (rank, result)  # forward, backward and a step after it
     assert len({r[scenario]["report"] for r in ranks}) == 1  # one report on every rank
+
+
+def test_dcp_converted_for_4_ranks(ranks: list[dict[str, Any]]) -> None:
+    for rank, results in enumerate(ranks):
+        result = results["dcp_converted_for_4"]
+        assert result["by_torch"], rank  # torch's own dcp.load reads what convert wrote
+        assert result["own_file_only"], (rank, result["files"])  # its own file, nothing else
 
 
 def test_gpt2_conv1d_file_into_sharded_linears(ranks: list[dict[str, Any]]) -> None:

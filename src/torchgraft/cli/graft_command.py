@@ -76,8 +76,11 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
-    Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
-    2 bad input. A graft that is not ok saves nothing unless --allow-incomplete.
+    Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
+    equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
+    key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
+    An incomplete or diverged graft saves nothing unless --allow-incomplete; an unverified one
+    is saved (exit 3).
     """
     from ..graft import GraftError, graft
     from ..save import resolve_format, save
@@ -101,7 +104,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, str(exc)
-        if failed is None and not report.ok and not allow_incomplete:
+        if failed is None and not report.complete and not allow_incomplete:
             failed = (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
                       "--allow-incomplete saves it anyway")
         if failed is None:
@@ -114,7 +117,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         print_json(console, {**report.to_dict(), "out": None if failed else str(out),
                              "html": None if html_path is None else str(html_path),
                              "error": failed})
-        return 0 if report.ok and failed is None else 1
+        return _exit_code(report, failed)
     print_report(console, report, details=details, quiet=quiet)
     if failed:
         console.print(f"[red]{safe_text(failed)}[/red]")
@@ -124,4 +127,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         if html_path is not None:
             console.print(f"report page {escape(shorten(one_line(str(html_path)), room))}",
                           highlight=False)
-    return 0 if report.ok and failed is None else 1
+    return _exit_code(report, failed)
+
+
+def _exit_code(report: GraftReport, failed: str | None) -> int:
+    """The verdict's exit code (0, 1, 3, 4); 1 when a strict graft failed on an ok verdict."""
+    return 1 if failed is not None and report.ok else report.exit_code

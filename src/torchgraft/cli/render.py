@@ -147,7 +147,8 @@ def extras_tree(extras: dict[str, Any]) -> list[str]:
     return lines
 
 
-_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta"}
+_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta",
+                 "guess": "yellow"}
 #: Row statuses that only say how a key was matched: summarised unless --details.
 _MATCHED = ("wrapper", "prefix", "rule", "layout", "structure")
 
@@ -219,7 +220,7 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
         quiet: Print the headline only.
     """
     head = report.headline()
-    colour = "green" if report.ok else "red"
+    colour = "green" if report.ok else "yellow" if report.complete else "red"
     console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False)
     if quiet:
         return
@@ -229,5 +230,8 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
         console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
     for warning in report.warnings:
         console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}", highlight=False)
+    if report.guesses:
+        console.print(f"  [yellow]unverified[/yellow]: {safe_text(report.settle())}",
+                      highlight=False)
     rows = report.lines()
     print_rows(console, rows if details else summarised(rows), full=details)

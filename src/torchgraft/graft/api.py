@@ -246,5 +246,5 @@ def _plain_copy(report: GraftReport) -> bool:
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
                                        "unstacked")) for text in
                       report.adapted.values())
-    return layout_only and report.ok and not report.reinitialised
+    return layout_only and report.complete and not report.reinitialised
 

@@ -66,7 +66,10 @@ def _target_kind(report: GraftReport, key: str) -> str:
 def _target_note(report: GraftReport, key: str) -> str:
     if key in report.mapping:
         how = report.adapted.get(key) or f"matched by {report.matched_by[key]}"
-        return f"<- {report.mapping[key]}: {how}"
+        evidence = report.evidence.get(key)
+        known = f"; evidence: {evidence.value}" if evidence is not None else ""
+        guess = f" ({report.guesses[key].describe()})" if key in report.guesses else ""
+        return f"<- {report.mapping[key]}: {how}{known}{guess}"
     if key in report.tied:
         return f"tied to {report.tied[key]}"
     return report.reasons.get(key, "")
@@ -146,10 +149,10 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
     source_html: list[str] = []
     _render_tree(_tree(sources), source_row, source_html)
     counts = report.headline().partition(": ")[2]
-    verdict = (f'<span class="{"ok" if report.ok else "bad"}">graft '
-               f'{"ok" if report.ok else "INCOMPLETE"}</span>')
+    verdict = (f'<span class="{"ok" if report.ok else "bad"}">'
+               f'{html.escape(report.headline().partition(": ")[0])}</span>')
     notes = [*(["diverged: " + report.divergence] if report.divergence else []),
-             *report.warnings]
+             *([report.settle()] if report.guesses else []), *report.warnings]
     filters = "".join(
         f'<label><input type=checkbox checked value="{kind}"><span class=swatch '
         f'style="background:{colour}"></span>{kind} ({kinds.get(kind, 0)})</label>'

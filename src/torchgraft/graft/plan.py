@@ -40,6 +40,8 @@ from .adapt import (
     Transpose,
     label_pairs,
 )
+from .conventions import role_of
+from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
 from .layouts import Layout, rotary_warning
 from .rules import Rule, rename
 from .sides import Side, TensorInfo
@@ -77,13 +79,15 @@ class PlanStep:
         matched_by: The matching step: exact, rule, layout, wrapper, prefix or structure.
         ops: Adaptations applied in order; empty for a plain copy.
         cast: ``"float16->float32"`` when the dtypes differ, else ``""``.
+        evidence: How the pairing is known: by name, by structure, or a guess.
     """
 
     target: str
     source: str
-    matched_by: str
+    matched_by: MatchStep
     ops: tuple[Op, ...] = ()
     cast: str = ""
+    evidence: Evidence = Evidence.NAME
 
     def describe(self) -> str:
         """What was done to the tensor, for the report (empty for a plain copy)."""
@@ -104,6 +108,7 @@ class Plan:
         tied: Target key to the key it is tied to, filled through that key.
         warnings: What the plan could not be sure of.
         init: How re-initialised tensors are filled.
+        guesses: Target keys filled by a guess, with their alternatives.
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -113,6 +118,7 @@ class Plan:
     tied: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     init: Init = "keep"
+    guesses: dict[str, Guess] = field(default_factory=dict)
 
 
 def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
@@ -218,7 +224,7 @@ def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...], *, init: In
             "correspond")
 
 
-def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo,
+def _decide(target: str, source: str, how: MatchStep, src: TensorInfo, dst: TensorInfo,
             layouts: Sequence[Layout], plan: Plan, dst_side: Side, *, adapt: bool, init: Init,
             label_map: LabelMap | None, derived: Mapping[str, str]) -> None:
     transpose = _transpose(src, dst, layouts)
@@ -255,7 +261,24 @@ def _decide(target: str, source: str, how: str, src: TensorInfo, dst: TensorInfo
             return
         ops.append(op)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast))
+    evidence = plan.guesses.get(target)
+    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast,
+                               Evidence.NAME if how in NAME_STEPS
+                               else Evidence.GUESS if evidence else Evidence.STRUCTURE))
+
+
+#: Roles whose rows a rotary (RoPE) layout may store in another order.
+_ROTARY_ROLES = frozenset({"q", "k", "qkv"})
+
+
+def _rotary_guesses(plan: Plan, structural: list[str], pairs: dict[str, str]) -> None:
+    """Mark structure-matched q and k weights as guesses: their rotary order is not known."""
+    for target in structural:
+        if role_of(target.rpartition(".")[0]) in _ROTARY_ROLES and target not in plan.guesses:
+            plan.guesses[target] = Guess(
+                (f"{pairs[target]} (rows as stored)", f"{pairs[target]} (rotary rows permuted)"),
+                "one side is a rotary (RoPE) family and the other is not known: the rows may "
+                "be in the other rotary order")
 
 
 def _renamed_info(info: TensorInfo, name: str) -> TensorInfo:
@@ -286,7 +309,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     derived = derived or {}
     plan = Plan(init=init)
     renamed: dict[str, str] = {}
-    how_renamed: dict[str, str] = {}
+    how_renamed: dict[str, MatchStep] = {}
     layout_rules = [rule for layout in layouts for rule in layout.renames]
     for name in src.tensors:
         new, rule = rename(name, rules)
@@ -295,13 +318,14 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
             continue
         laid_out, layout_rule = rename(new, layout_rules)
         renamed[name] = laid_out or new
-        how_renamed[name] = "rule" if rule else ("layout" if layout_rule else "exact")
+        how_renamed[name] = (MatchStep.RULE if rule else
+                             MatchStep.LAYOUT if layout_rule else MatchStep.EXACT)
 
     pairs: dict[str, str] = {}
     paired: set[str] = set()  # pairs' values, for lookups in constant time
-    how: dict[str, str] = {}
+    how: dict[str, MatchStep] = {}
 
-    def take(found: dict[str, str], step: str | None) -> None:
+    def take(found: dict[str, str], step: MatchStep | None) -> None:
         for target, source in found.items():
             if target not in pairs and source not in paired:
                 pairs[target] = source
@@ -315,13 +339,13 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         stripped_t = strip_wrappers(dst.tensors)[1]
         stripped_s = strip_wrappers(renamed.values())[1]
         take(_pair_by({t: stripped_t[t] for t in left_t},
-                      {s: stripped_s[renamed[s]] for s in left_s}), "wrapper")
+                      {s: stripped_s[renamed[s]] for s in left_s}), MatchStep.WRAPPER)
         left_t = [t for t in dst.tensors if t not in pairs]
         left_s = [s for s in renamed if s not in paired]
         by_stripped = {stripped_s[renamed[s]]: s for s in left_s}
         prefixed = _common_prefixes([stripped_t[t] for t in left_t], list(by_stripped))
         to_target = {stripped_t[t]: t for t in left_t}
-        take({to_target[t]: by_stripped[s] for t, s in prefixed.items()}, "prefix")
+        take({to_target[t]: by_stripped[s] for t, s in prefixed.items()}, MatchStep.PREFIX)
 
     ambiguous: dict[str, str] = {}
     if match != "name":
@@ -333,11 +357,14 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         alignment = align(left_t, list(back), dst.tensors, src_infos, _fits(layouts),
                           is_bookkeeping, source_ordered=src.ordered)
         ambiguous = alignment.ambiguous
-        take({t: back[s] for t, s in alignment.pairs.items()}, "structure")
-        structural = any(how[t] == "structure" for t in pairs)
+        take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
+        plan.guesses.update({t: g for t, g in alignment.guesses.items()
+                             if how.get(t) == MatchStep.STRUCTURE})
+        structural = [t for t in pairs if how[t] == MatchStep.STRUCTURE]
         warning = rotary_warning(src, dst) if structural else None
         if warning:
             plan.warnings.append(warning)
+            _rotary_guesses(plan, structural, pairs)
 
     filler: dict[str, str] = {}
     for target in dst.tensors:

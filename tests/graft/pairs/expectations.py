@@ -68,15 +68,15 @@ _FAILING: dict[str, tuple[str, ...]] = {
     "GPT-NeoX-style GPT -> transformers GPT-NeoX":
         ("module", "pt", "safetensors", "heads/pt", "norms/pt"),
     "transformers Llama -> torchtune Llama":
-        ("module", "pt", "safetensors", "pretrained", "heads/pt", "norms/pt"),
+        ("module", "pt", "safetensors", "pretrained"),
     "torchtune Llama -> transformers Llama":
-        ("module", "pt", "safetensors", "heads/pt", "norms/pt"),
+        ("module", "pt", "safetensors"),
     "transformers Llama -> gpt-fast Llama":
         ("module", "pt", "safetensors", "pretrained"),
     "gpt-fast Llama -> transformers Llama":
         ("module", "pt", "safetensors"),
     "timm ResNet -> transformers ResNet":
-        ("safetensors", "deeper/pt", "norms/pt"),
+        ("safetensors", "norms/pt"),
     "timm ViT -> transformers ViT":
         ("pt", "safetensors", "pretrained"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
