@@ -19,6 +19,7 @@ from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
+from .inputs import Inputs
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, build_plan
@@ -76,7 +77,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             (bookkeeping buffers such as ``num_batches_tracked`` aside), or outputs diverge.
         example_inputs: The model's inputs (a tuple, a lone tensor, or a mapping of keyword
             arguments): orders its tensors by use for structural matching, and feeds
-            ``verify``.
+            ``verify``. An :class:`~torchgraft.graft.inputs.Inputs` (by role: token ids,
+            pixel values...; as the CLI's ``--inputs`` reads) only feeds ``verify``, bound to
+            each model's ``forward`` by argument name.
         source_inputs: The source's inputs, where they differ from ``example_inputs``.
         verify: Compare outputs with the source's: with the source module (given inputs),
             with ``source_model=``, or with the model a checkpoint folder's ``config.json``
@@ -119,6 +122,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if verify not in (True, False, "auto"):
         raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
     source, model, swapped = _in_order(source, model)
+    roles = example_inputs if isinstance(example_inputs, Inputs) else None
+    if roles is not None:  # bound to each model's forward when outputs are compared
+        example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
     if quantized_modules(target):
@@ -178,7 +184,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")
     if verify is True or (verify == "auto" and _plain_copy(report)):
-        want = Want(verify, example_inputs, source_inputs, source_model,
+        want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in source_side.tensors.values()))
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..errors import TorchgraftError
 
-__all__ = ["ROLES", "Inputs", "InputRole", "bind", "from_config", "read_inputs"]
+__all__ = ["ROLES", "InputRole", "Inputs", "bind", "from_config", "read_inputs"]
 
 #: Config keys, searched at the top and in sub-configs (``text_config``...), first found wins.
 Config = Mapping[str, Any]
@@ -49,8 +49,9 @@ def _tokens(config: Config, generator: torch.Generator) -> torch.Tensor | None:
 
 def _pixels(config: Config, generator: torch.Generator) -> torch.Tensor | None:
     size = _find(config, "image_size", "img_size")
-    if size is None:
+    if size is None and _find(config, "num_channels", "in_chans") is None:
         return None
+    size = size or 64  # a convolutional network takes any size: 64 goes through 5 strides
     height, width = (size, size) if isinstance(size, int) else tuple(size)[-2:]
     channels = _find(config, "num_channels", "in_chans", "in_channels") or 3
     return torch.randn(1, int(channels), int(height), int(width), generator=generator)
@@ -87,7 +88,12 @@ ROLES = (
               _audio),
 )
 
-Inputs = dict[str, torch.Tensor]  # role name to tensor
+class Inputs(dict[str, torch.Tensor]):
+    """Inputs by role (``"token ids"``...) or by argument name.
+
+    :func:`bind` gives each to the ``forward`` argument of its role, so the same inputs fit
+    models of different code bases.
+    """
 
 
 def from_config(config: Config, *, seed: int = 0) -> Inputs:
@@ -102,7 +108,7 @@ def from_config(config: Config, *, seed: int = 0) -> Inputs:
     """
     generator = torch.Generator().manual_seed(seed)
     made = {role.name: role.make(config, generator) for role in ROLES}
-    return {name: tensor for name, tensor in made.items() if tensor is not None}
+    return Inputs({name: tensor for name, tensor in made.items() if tensor is not None})
 
 
 def _parameters(model: nn.Module) -> list[inspect.Parameter]:
@@ -182,4 +188,5 @@ def read_inputs(path: str | os.PathLike[str]) -> Inputs:
         tensors = {name: ref.read() for name, ref in checkpoint.tensor_refs().items()}
     if not tensors:
         raise TorchgraftError("the inputs file holds no tensors", path=file)
-    return tensors
+    roles = {argument: role.name for role in ROLES for argument in role.arguments}
+    return Inputs({roles.get(name, name): tensor for name, tensor in tensors.items()})

@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import TorchgraftError
-from .inputs import bind
+from .inputs import Inputs, bind, from_config
 from .report import GraftReport
 from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
 from .verify import Call, as_call
@@ -56,6 +56,7 @@ class Want:
     verify: bool | str
     example_inputs: Any
     source_inputs: Any
+    roles: Inputs | None
     source_model: SourceModelLike | None
     source_bytes: int
 
@@ -86,12 +87,7 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
         TorchgraftError: With ``verify=True``, when there is nothing to compare with.
     """
     if module is not None:
-        if want.example_inputs is None:
-            if want.verify is True:
-                raise TorchgraftError("verify=True with a source module needs example_inputs")
-            return None
-        return Reference(module, as_call(want.source_inputs), as_call(want.example_inputs),
-                         {}, "the source module")
+        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
     candidate = _candidate(source, want)
     if candidate is None:
         if want.verify is True:
@@ -112,19 +108,34 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
                                  f"by name ({filled.headline()})")
         return None
     names = {source_key: key for key, source_key in filled.mapping.items()}
+    return _with_inputs(built, target, want, names, candidate.origin,
+                        want.roles or candidate.inputs or _from_module_config(built), warnings)
+
+
+def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
+                 origin: str, roles: Inputs | None, warnings: list[str]) -> Reference | None:
+    """The reference with the caller's inputs, else ``roles`` bound to each forward."""
     if want.example_inputs is not None:
-        return Reference(built, as_call(want.source_inputs), as_call(want.example_inputs),
-                         names, candidate.origin)
-    if not candidate.inputs:
-        _give_up(want, warnings, f"{candidate.origin} describes no inputs; pass "
-                                 "example_inputs (and source_inputs)")
+        return Reference(module, as_call(want.source_inputs), as_call(want.example_inputs),
+                         names, origin)
+    if not roles:
+        if want.verify is True or names:
+            _give_up(want, warnings, f"{origin} describes no inputs; pass example_inputs (and "
+                                     "source_inputs)")
         return None
     try:
-        calls = bind(built, candidate.inputs), bind(target, candidate.inputs)
+        calls = bind(module, roles), bind(target, roles)
     except TorchgraftError as exc:
         _give_up(want, warnings, str(exc))
         return None
-    return Reference(built, calls[0], calls[1], names, candidate.origin)
+    return Reference(module, calls[0], calls[1], names, origin)
+
+
+def _from_module_config(module: nn.Module) -> Inputs:
+    """Inputs from a module's own config (a transformers model's ``config.to_dict()``)."""
+    to_dict = getattr(getattr(module, "config", None), "to_dict", None)
+    config = to_dict() if callable(to_dict) else None
+    return from_config(config) if isinstance(config, dict) else Inputs()
 
 
 def _candidate(source: Any, want: Want) -> SourceModel | None:

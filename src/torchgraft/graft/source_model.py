@@ -47,7 +47,7 @@ class SourceModel:
     """
 
     build: Callable[[], nn.Module]
-    inputs: Inputs = field(default_factory=dict)
+    inputs: Inputs = field(default_factory=Inputs)
     origin: str = "source_model="
 
 
