@@ -226,7 +226,88 @@ def make_keras() -> None:
             ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
 
 
-COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras}
+# --- Flax -----------------------------------------------------------------------------------
+
+def make_flax() -> None:
+    """Flax linen models and transformers' FlaxBertModel, saved by Flax's own functions.
+
+    flax.serialization.to_bytes for the linen models, save_pretrained (flax_model.msgpack) for
+    FlaxBertModel; outputs for fixed inputs beside each.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from flax import serialization
+
+    out = OUT / "flax"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Conv(4, (3, 3), padding="VALID")(x)
+            x = nn.BatchNorm(use_running_average=True)(x)
+            x = nn.relu(x).mean((1, 2))
+            x = nn.LayerNorm()(nn.Dense(6)(x))
+            return nn.Dense(3)(x)
+
+    class Attention(nn.Module):
+        @nn.compact
+        def __call__(self, ids: Any) -> Any:
+            x = nn.Embed(10, 8, name="embed")(ids)
+            x = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, name="attn")(x, x)
+            return nn.Dense(3, name="head")(x)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any, _: Any) -> tuple[Any, None]:
+            return x + nn.relu(nn.Dense(8, name="fc")(nn.LayerNorm(name="norm")(x))), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Dense(8, name="inp")(x)
+            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             length=3)
+            x, _ = blocks(name="blocks")(x, None)
+            return nn.Dense(2, name="out")(x)
+
+    def randomise(variables: Any) -> Any:
+        def one(path: Any, leaf: Any) -> Any:
+            value = rng.standard_normal(leaf.shape).astype(np.float32) * 0.5
+            if "var" in str(path[-1]):
+                value = np.abs(value) + 0.5
+            return jnp.asarray(value)
+        return jax.tree_util.tree_map_with_path(one, variables)
+
+    cases = {
+        "cnn": (CNN(), rng.standard_normal((2, 8, 8, 3)).astype(np.float32)),
+        "attention": (Attention(), rng.integers(0, 10, (2, 5)).astype(np.int32)),
+        "scan": (Stack(), rng.standard_normal((2, 4)).astype(np.float32)),
+    }
+    for name, (module, x) in cases.items():
+        variables = randomise(module.init(jax.random.PRNGKey(0), x))
+        (out / f"{name}.msgpack").write_bytes(serialization.to_bytes(variables))
+        np.savez(out / f"{name}_io.npz", x=x, y=np.asarray(module.apply(variables, x)))
+
+    from transformers import BertConfig, FlaxBertModel
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    bert = FlaxBertModel(config, seed=0)
+    ids = rng.integers(0, 50, (2, 6)).astype(np.int32)
+    bert.save_pretrained(out / "flax_bert")
+    (out / "flax_bert" / "config.json").unlink()
+    np.savez(out / "flax_bert_io.npz", ids=ids, y=np.asarray(bert(ids).last_hidden_state))
+    _record("flax", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "flax linen models (variables randomised, seed 0; one with nn.scan-stacked layers) "
+            "saved with flax.serialization.to_bytes; transformers FlaxBertModel.save_pretrained "
+            "(flax_model.msgpack); *_io.npz: the framework's outputs",
+            ["jax", "flax", "transformers", "numpy"])
+
+
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras,
+                                          "flax": make_flax}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -59,6 +59,26 @@ class Block(nn.Module):
         return self.mlp(x)
 
 
+class Attn(nn.Module):
+    """A fused projection (timm's ``attn.qkv``); the file holds ``q``, ``k`` and ``v``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv(x)
+
+
+class Fused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x)
+
+
 def build(kind: type[nn.Module], meta: bool) -> nn.Module:
     torch.manual_seed(1)  # not the file's values
     if meta:
@@ -83,7 +103,8 @@ def tp(model: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
         parallelize_module,
     )
 
-    styles = {"col": ColwiseParallel, "row": RowwiseParallel}
+    styles = {"col": ColwiseParallel, "row": RowwiseParallel,
+              "col-sharded": lambda: ColwiseParallel(use_local_output=False)}
     return parallelize_module(model, mesh, {k: styles[v]() for k, v in plan.items()})
 
 
@@ -100,16 +121,21 @@ def check(model: nn.Module, ref: nn.Module, x: torch.Tensor, train: bool) -> dic
     expected = ref.state_dict()
     exact = [k for k, v in model.state_dict().items()
              if torch.equal(v.full_tensor() if isinstance(v, DTensor) else v, expected[k])]
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        y = model(x)
+        return y.full_tensor() if isinstance(y, DTensor) else y  # column-sharded outputs
+
     with torch.no_grad():
-        diff = (model(x) - ref(x)).abs().max().item()
+        diff = (run(x) - ref(x)).abs().max().item()
     out: dict[str, Any] = {"max_diff": diff, "exact": exact == list(expected)}
     if train:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        loss = model(x).pow(2).mean()
+        loss = run(x).pow(2).mean()
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            after = model(x).pow(2).mean().item()
+            after = run(x).pow(2).mean().item()
         out["trained"] = bool(torch.isfinite(loss).item()) and after < loss.item()
     return out
 
@@ -163,6 +189,18 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
             out["max_diff"] = (model(io["x"]) - io["y"]).abs().max().item()
         return out
 
+    def fused_qkv() -> dict[str, Any]:
+        """q, k, v from the file into a column-sharded fused qkv: each rank reads its rows."""
+        assert grid is not None
+        model = build(Fused, meta=True)
+        tp(model.attn, grid["tp"], {"qkv": "col-sharded"})
+        fsdp(model, grid["dp"])
+        parts = load_file(FOLDER / "qkv.safetensors")
+        fused = reference(Fused, {
+            f"attn.qkv.{leaf}": torch.cat([parts[f"attn.{p}.{leaf}"] for p in "qkv"])
+            for leaf in ("weight", "bias")})
+        return graft(model, FOLDER / "qkv.safetensors") | check(model, fused, x, train=True)
+
     def dcp_2_into_4() -> dict[str, Any]:
         model = build(DCPNet, meta=True)
         fsdp(model, flat)
@@ -206,9 +244,9 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         return graft(model, FOLDER / "model.safetensors")
 
     return {f.__name__: f for f in (fsdp_meta_pt, fsdp_safetensors, tp_meta_hf_folder,
-                                    fsdp_tp_grid, gpt2_conv1d, dcp_2_into_4, dcp_converted_for_4,
-                                    broken_shape,
-                                    broken_missing, partial_placement)}
+                                    fsdp_tp_grid, gpt2_conv1d, fused_qkv, dcp_2_into_4,
+                                    dcp_converted_for_4, broken_shape, broken_missing,
+                                    partial_placement)}
 
 
 class DCPNet(nn.Sequential):

@@ -40,6 +40,9 @@ def _write_sources(folder: Path) -> None:
     save_file(wrong, folder / "wrong_shape.safetensors")
     save_file({k: v for k, v in state.items() if k != "head.bias"},
               folder / "missing.safetensors")
+    torch.manual_seed(3)
+    save_file({f"attn.{p}.{leaf}": torch.randn(8, 8) if leaf == "weight" else torch.randn(8)
+               for p in "qkv" for leaf in ("weight", "bias")}, folder / "qkv.safetensors")
     _write_gpt2(folder)
     write_fsdp2(folder / "dcp")  # 2 ranks; reference.pt beside it
     tg.convert(folder / "model.safetensors", folder / "dcp4", ranks=RANKS)
@@ -75,7 +78,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 FILLED = ["fsdp_meta_pt", "fsdp_safetensors", "tp_meta_hf_folder", "fsdp_tp_grid",
-          "dcp_2_into_4", "dcp_converted_for_4"]
+          "fused_qkv", "dcp_2_into_4", "dcp_converted_for_4"]
 
 
 @pytest.mark.parametrize("scenario", FILLED)

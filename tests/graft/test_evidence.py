@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
-from torchgraft.graft import GraftReport, build_plan
+from torchgraft.graft import GraftReport, build_plan, parse_rules
 from torchgraft.graft.evidence import EXIT_CODES, Evidence, Verdict
 
 from .test_plan import side
@@ -158,3 +158,27 @@ def test_html_shows_evidence(tmp_path: Path) -> None:
     report = tg.graft(Net("h", ("p", "r", "fc")).state_dict(), Net("blocks", ("a", "b", "lin")))
     page = report.to_html(tmp_path / "r.html").read_text()
     assert "graft UNVERIFIED" in page and "evidence: guess" in page
+
+
+def test_a_deeper_checkpoint_is_not_ok_until_a_rule_drops_its_extra_blocks() -> None:
+    spec = {f"layers.{n}.w.weight": (4, 4) for n in range(3)}
+    dst = side({f"layers.{n}.w.weight": (4, 4) for n in range(2)})
+    report = GraftReport.from_plan(build_plan(side(spec), dst))
+    assert report.verdict is Verdict.UNVERIFIED and set(report.surplus) == {"layers.2.w.weight"}
+    assert "blocks the model lacks" in report.settle()
+    dropped = build_plan(side(spec), dst, rules=parse_rules([(r"^layers\.2\.", None)]))
+    assert GraftReport.from_plan(dropped).ok
+
+
+def test_a_norm_of_another_width_is_refused_not_adapted_nor_reinitialised() -> None:
+    """GPT-2 of width 64 into width 128: another configuration, never 'rows 64->128'."""
+    src = side({"h.0.ln.weight": (64,), "h.0.fc.weight": (64, 64), "ln_f.weight": (64,)})
+    dst = side({"h.0.ln.weight": (128,), "h.0.fc.weight": (128, 128), "ln_f.weight": (128,)},
+               kinds={"h.0.ln": "norm", "h.0.fc": "linear", "ln_f": "norm"})
+    plan = build_plan(src, dst)
+    assert not plan.steps and not plan.reinitialised
+    assert "another configuration" in plan.missing["ln_f.weight"]
+    assert "another configuration" in plan.missing["h.0.ln.weight"]
+    head = build_plan(side({"fc.weight": (1000, 8)}), side({"fc.weight": (21, 8)},
+                                                          kinds={"fc": "linear"}))
+    assert set(head.reinitialised) == {"fc.weight"}

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 
 h5py = pytest.importorskip("h5py")
@@ -34,26 +35,19 @@ class KerasCNN(nn.Module):
         return self.head(self.norm(self.fc(y)))
 
 
-class KerasAttention(nn.Module):
+def KerasAttention() -> AttentionTwin:
     """Embedding, Keras MultiHeadAttention(num_heads=2, key_dim=4) and a Dense."""
+    return AttentionTwin(output="attention_output", head="out")
 
-    def __init__(self, heads: int = 2) -> None:
+
+class Unnamed(nn.Module):
+    """The attention model with projections named q, k, v, o: only their shapes tell them."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.heads = heads
         self.embed = nn.Embedding(10, 8)
         self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
         self.out = nn.Linear(8, 3)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        b, t, _ = x.shape
-
-        def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
-
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        attn = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        return self.out(self.o((attn @ v).transpose(1, 2).reshape(b, t, -1)))
 
 
 class LegacyNet(nn.Module):
@@ -102,21 +96,18 @@ def test_legacy_tf_keras_h5_grafts() -> None:
 
 
 def test_transformers_tf_model_h5_grafts_into_bert() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16)
-    model = transformers.BertModel(config).eval()
-    io = np.load(FIXTURES / "tf_bert_io.npz")
-    report = tg.graft(FIXTURES / "tf_bert" / "tf_model.h5", model)
-    assert report.ok, report
-    with torch.no_grad():
-        out = model(torch.from_numpy(io["ids"]).long()).last_hidden_state
-    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+    assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
 
 
-def test_other_widths_and_head_counts_are_never_ok() -> None:
+def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
     assert not tg.graft(FIXTURES / "cnn.keras", KerasCNN(width=7), strict=False).ok
+    # Four same-shaped projections under other names: a guess, never ok.
+    assert not tg.graft(FIXTURES / "attention.keras", Unnamed(), strict=False).ok
+
+
+def test_inspect_states_the_head_size() -> None:
+    metadata = tg.inspect(FIXTURES / "attention.keras").extras["__metadata__"]
+    assert metadata["head_dims"] == {"attn": 4}
 
 
 def test_inspect_and_convert(tmp_path: Path) -> None:

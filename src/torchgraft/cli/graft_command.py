@@ -122,11 +122,12 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     if failed:
         console.print(f"[red]{safe_text(failed)}[/red]")
     elif not quiet:
-        room = max(console.width - 14, 20)
-        console.print(f"saved {escape(shorten(one_line(str(out)), room))}", highlight=False)
+        room = max(console.width - 14, 20) if console.is_terminal else 1 << 16
+        console.print(f"saved {escape(shorten(one_line(str(out)), room))}", highlight=False,
+                      soft_wrap=True)
         if html_path is not None:
             console.print(f"report page {escape(shorten(one_line(str(html_path)), room))}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
     return _exit_code(report, failed)
 
 

@@ -148,9 +148,9 @@ def extras_tree(extras: dict[str, Any]) -> list[str]:
 
 
 _STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta",
-                 "guess": "yellow"}
+                 "guess": "yellow", "surplus": "yellow"}
 #: Row statuses that only say how a key was matched: summarised unless --details.
-_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure")
+_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure", "base")
 
 
 def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
@@ -230,7 +230,7 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
         console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
     for warning in report.warnings:
         console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}", highlight=False)
-    if report.guesses:
+    if report.settle():
         console.print(f"  [yellow]unverified[/yellow]: {safe_text(report.settle())}",
                       highlight=False)
     rows = report.lines()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
 
 import torch
@@ -15,6 +15,12 @@ from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from .adapt import Init, LabelMap
+from .adapters import (
+    adapter_keys,
+    modules_to_save_layout,
+    refuse_plain_target,
+    scope_to_adapter,
+)
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
@@ -127,7 +133,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
-    if quantized_modules(target):
+    state = state_tensors(target)  # one walk of a large model's state dict, shared below
+    if quantized_modules(target, state):
         return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
                                            component=component, follow_links=follow_links),
                                target, strict=strict)
@@ -137,22 +144,26 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         init = "normal"
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
-    sharded = sharded_targets(target, state_tensors(target))
-    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
+    sharded = sharded_targets(target, state)
+    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
+                              tensors=state)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key, component=component,
                          follow_links=follow_links)
     assigned: set[str] = set()
     try:
+        scope = _adapter_scope(opened, target, target_side.tensors)
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
         experts = add_experts(source_side, opened.refs, target_side)
         source_side = experts.side
         derived = {v.name: v.why for v in virtual} | {
             name: why for name, (_parts, why) in experts.virtual.items()}
+        saved_copies = modules_to_save_layout(list(target_side.tensors)) if scope else None
         try:
             plan = build_plan(source_side, target_side, rules=parse_rules(rules),
                               layouts=layouts_for(source_side, target_side)
-                              + expert_layouts(source_side, target_side), match=match,
+                              + expert_layouts(source_side, target_side)
+                              + ([saved_copies] if saved_copies else []), match=match,
                               adapt=adapt, init=init, label_map=label_map, derived=derived)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
@@ -167,18 +178,21 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             filled = [s.target for s in plan.steps]
             assigned = materialise(target, [k for k in filled if k not in sharded], where,
                                    zeroed=[k for k in zeroed if k not in sharded],
-                                   values=as_stored)
-            materialise_sharded(target, sharded, [*filled, *zeroed],
-                                where if device is not None else None)
+                                   values=as_stored, state=state)
+            if sharded:
+                materialise_sharded(target, sharded, [*filled, *zeroed],
+                                    where if device is not None else None)
         if sharded:
             fill_sharded(plan, opened.refs, sharded)
-        state = state_tensors(target)
+            state = state_tensors(target)  # materialise updated ``state``; DTensors anew
         execute_plan(plan, opened.refs, state, progress=progress,
                      assigned=assigned | set(sharded))
     finally:
         opened.close()
     report = GraftReport.from_plan(plan, targets=target_side.tensors,
                                    sources=source_side.tensors)
+    if scope is not None:
+        scope_to_adapter(report, scope)
     for key in still_on_meta(target) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
@@ -199,6 +213,21 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _adapter_scope(opened: GraftSource, target: nn.Module,
+                   keys: Iterable[str]) -> set[str] | None:
+    """A PEFT adapter's graft is about the model's adapter keys; a model without any refuses it.
+
+    Returns:
+        The target's adapter keys when the source is an adapter, else ``None``.
+    """
+    if opened.adapter is None:
+        return None
+    scope = adapter_keys(target, list(keys))
+    if scope is None:
+        raise refuse_plain_target(opened.adapter, str(opened.adapter.folder))
+    return scope
 
 
 def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:

@@ -191,12 +191,16 @@ def _cut(tensor: torch.Tensor, start: tuple[int, ...], size: tuple[int, ...]) ->
     return tensor
 
 
+def _sliceable(step: PlanStep) -> bool:
+    return all(type(op) in SLICE_AWARE for op in step.ops)
+
+
 def _fill(step: PlanStep, ref: TensorRef, start: tuple[int, ...], local: torch.Tensor,
-          whole: torch.Tensor) -> None:
+          whole: torch.Tensor | None) -> None:
     size = tuple(local.shape)
     if not step.ops:
         ref.read_box(start, local)
-    elif all(type(op) in SLICE_AWARE for op in step.ops):
+    elif whole is None:  # slice-aware: only the source block this shard needs
         block: Block = (start, size)
         for op in reversed(step.ops):
             block = SLICE_AWARE[type(op)](block)
@@ -255,7 +259,8 @@ def fill_sharded(plan: Plan, refs: dict[str, TensorRef], sharded: dict[str, DTen
             tensor = sharded.get(step.target)
             if tensor is None:
                 continue
-            whole = _whole(tensor, _keeps(step.ops, plan.init))  # collective: before any raise
+            # the whole target, for adaptations that need it: a collective, before any raise
+            whole = None if _sliceable(step) else _whole(tensor, _keeps(step.ops, plan.init))
             if failure is None:
                 try:
                     start, local = _local(step.target, tensor)

@@ -152,7 +152,7 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
     verdict = (f'<span class="{"ok" if report.ok else "bad"}">'
                f'{html.escape(report.headline().partition(": ")[0])}</span>')
     notes = [*(["diverged: " + report.divergence] if report.divergence else []),
-             *([report.settle()] if report.guesses else []), *report.warnings]
+             *([report.settle()] if report.settle() else []), *report.warnings]
     filters = "".join(
         f'<label><input type=checkbox checked value="{kind}"><span class=swatch '
         f'style="background:{colour}"></span>{kind} ({kinds.get(kind, 0)})</label>'

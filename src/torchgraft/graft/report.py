@@ -40,6 +40,8 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
+            adapter never holds; not missing (the report is scoped to the adapter's keys).
         evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
             ``guess``, or ``verified`` once outputs were compared equal.
         guesses: Loaded key filled by a guess to its alternatives and how to settle it; any
@@ -48,6 +50,8 @@ class GraftReport:
             ``source_model=``, the model a folder's config.json describes).
         settled: Guesses that comparing outputs settled: the hypothesis kept for each diverging
             unit (two same-shape modules swapped, rotary rows permuted).
+        surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
+            the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
     """
@@ -64,10 +68,12 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    not_in_adapter: list[str] = field(default_factory=list)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
     verified_with: str | None = None
     settled: list[str] = field(default_factory=list)
+    surplus: dict[str, str] = field(default_factory=dict)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
 
@@ -94,6 +100,7 @@ class GraftReport:
         report.missing = list(plan.missing)
         report.unused = list(plan.unused)
         report.reinitialised = dict(plan.reinitialised)
+        report.surplus = dict(plan.surplus)
         report.tied = dict(plan.tied)
         report.warnings = list(plan.warnings)
         report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
@@ -113,6 +120,7 @@ class GraftReport:
         """Outputs were compared equal: every loaded key is ``verified``, no guess is left."""
         self.evidence = dict.fromkeys(self.evidence, Evidence.VERIFIED)
         self.guesses.clear()
+        self.surplus.clear()
 
     @property
     def verdict(self) -> Verdict:
@@ -125,7 +133,7 @@ class GraftReport:
             return Verdict.DIVERGED
         if [k for k in self.missing if not is_bookkeeping(k)]:
             return Verdict.INCOMPLETE
-        if self.guesses:
+        if self.guesses or self.surplus:
             return Verdict.UNVERIFIED
         return Verdict.OK
 
@@ -168,6 +176,7 @@ class GraftReport:
             "tied": len(self.tied),
             "missing": len(self.missing),
             "unused": len(self.unused),
+            "not in adapter": len(self.not_in_adapter),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,13 +185,13 @@ class GraftReport:
                 "evidence": {k: v.value for k, v in self.evidence.items()},
                 "guesses": {k: {"alternatives": list(g.alternatives), "why": g.why,
                                 "settle": g.settle} for k, g in self.guesses.items()},
-                "loaded": self.loaded,
+                "surplus": self.surplus, "loaded": self.loaded,
                 "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence, "verified_with": self.verified_with,
-                "settled": self.settled}
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
+                "verified_with": self.verified_with, "settled": self.settled}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -220,16 +229,23 @@ class GraftReport:
         rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
         rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
         rows += [("missing", k, self.reasons[k]) for k in self.missing]
-        rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
+        rows += [("surplus" if k in self.surplus else "unused", k,
+                  self.surplus.get(k, self.reasons[k]))
+                 for k in self.unused if k not in self.missing]
+        rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
         return rows
 
     def settle(self) -> str:
-        """How to settle the guesses, in one line (empty when there are none)."""
-        if not self.guesses:
-            return ""
-        ways = dict.fromkeys(g.settle for g in self.guesses.values())
-        return (f"{len(self.guesses)} keys were guessed among interchangeable candidates; "
-                f"to settle them, {'; or '.join(ways)}")
+        """Why the verdict is unverified and how to settle it, in one line (or empty)."""
+        parts = []
+        if self.guesses:
+            ways = dict.fromkeys(g.settle for g in self.guesses.values())
+            parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
+                         f"candidates; to settle them, {'; or '.join(ways)}")
+        if self.surplus:
+            parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks: "
+                         "another configuration, or a rule that drops them says it is meant")
+        return "; ".join(parts)
 
     def headline(self) -> str:
         """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).
@@ -247,7 +263,7 @@ class GraftReport:
             head += f" (compared with {self.verified_with})" if self.verified_with else ""
         tail = [f"  settled   {s}" for s in self.settled] + [
             f"  warning   {w}" for w in self.warnings]
-        if self.guesses:
+        if self.settle():
             tail.insert(0, f"  settle    {self.settle()}")
         if self.divergence:
             tail.insert(0, f"  diverged  {self.divergence}")

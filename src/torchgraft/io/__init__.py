@@ -6,6 +6,7 @@ from . import (
     components,
     dcp,
     deepspeed,
+    flax_format,
     gguf_format,
     keras_format,
     numpy_format,
@@ -42,5 +43,6 @@ for _fmt in (
     gguf_format.FORMAT,
     onnx_format.FORMAT,
     keras_format.FORMAT,
+    flax_format.FORMAT,
 ):
     register(_fmt)

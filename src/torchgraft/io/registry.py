@@ -13,6 +13,7 @@ from ..errors import (
     UnsupportedCheckpointError,
     reading,
 )
+from ..hub import resolve as resolve_repo_id
 from .base import Contents, Format, ReadOptions
 from .contain import contained
 from .nature import nature_of
@@ -122,20 +123,22 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     """Find the format of ``path``, resolving a directory to the checkpoint inside it.
 
     Args:
-        path: A checkpoint file or directory.
+        path: A checkpoint file or directory, or a Hugging Face Hub repository id
+            (``org/name[@revision]``) already in the local cache.
         follow_links: Accept a directory's checkpoint file that links out of it.
 
     Returns:
         The format, and the path to open with it.
 
     Raises:
-        CheckpointNotFoundError: If nothing is there, or a directory holds no checkpoint.
+        CheckpointNotFoundError: If nothing is there (no file, no cached Hub repository), or a
+            directory holds no checkpoint.
         CorruptCheckpointError: If the file is empty.
         UnknownFormatError: If no registered format recognises the file, or it is plainly
             something else (a Git LFS pointer, an HTML page, text), which the message says.
     """
     if not path.exists():
-        raise CheckpointNotFoundError("no such file or directory", path=path)
+        path = resolve_repo_id(str(path))  # org/name[@revision] in the Hub cache, or raises
     if path.is_dir():
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
