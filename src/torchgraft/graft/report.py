@@ -52,6 +52,8 @@ class GraftReport:
             unit (two same-shape modules swapped, rotary rows permuted).
         surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
             the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
+        shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
+            ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
     """
@@ -74,6 +76,7 @@ class GraftReport:
     verified_with: str | None = None
     settled: list[str] = field(default_factory=list)
     surplus: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
 
