@@ -306,8 +306,66 @@ def make_flax() -> None:
             ["jax", "flax", "transformers", "numpy"])
 
 
+# --- MLX ------------------------------------------------------------------------------------
+
+def make_mlx() -> None:
+    """An mlx-lm quantized Llama and an MLX CNN, saved by MLX's own functions.
+
+    The Llama is quantized by mlx_lm.utils.quantize_model (4 bits, groups of 32) and saved by
+    save_model/save_config; the CNN by save_weights (.safetensors, .npz).
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    out = OUT / "mlx"
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(0)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
+    float_logits = np.array(model(ids))
+    model, quantized_config = quantize_model(model, config, group_size=32, bits=4)
+    logits = np.array(model(ids))
+    layer = model.model.layers[0].self_attn.q_proj
+    dequantized = np.array(mx.dequantize(layer.weight, layer.scales, layer.biases,
+                                         group_size=32, bits=4))
+    save_model(out / "llama_q4", model)
+    save_config(quantized_config, out / "llama_q4" / "config.json")
+    np.savez(out / "llama_q4_io.npz", ids=np.array(ids), logits=logits,
+             float_logits=float_logits, q_proj_0=dequantized)
+
+    class CNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+            self.fc = nn.Linear(6, 3)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc(nn.relu(self.conv2(nn.relu(self.conv(x)))).mean(axis=(1, 2)))
+
+    cnn = CNN()
+    mx.eval(cnn.parameters())
+    x = mx.random.normal((2, 8, 8, 3))
+    cnn.save_weights(str(out / "cnn.safetensors"))
+    cnn.save_weights(str(out / "cnn.npz"))
+    np.savez(out / "cnn_io.npz", x=np.array(x), y=np.array(cnn(x)))
+    _record("mlx", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "mlx-lm llama.Model (mx.random.seed 0) quantized by mlx_lm.utils.quantize_model "
+            "(affine, 4 bits, group 32) and saved by save_model/save_config; logits: the "
+            "quantized MLX model's, float_logits: before quantization, q_proj_0: "
+            "mx.dequantize of layer 0's q_proj; an MLX CNN saved by save_weights",
+            ["mlx", "mlx-lm", "numpy"])
+
+
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras,
-                                          "flax": make_flax}
+                                          "flax": make_flax, "mlx": make_mlx}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -24,6 +24,7 @@ from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
+from .html import describe
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, Plan, build_plan
@@ -174,6 +175,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         opened.close()
     report = GraftReport.from_plan(plan, targets=target_side.tensors,
                                    sources=source_side.tensors)
+    report.shapes = {**{k: describe(i) for k, i in target_side.tensors.items()},
+                     **{f"checkpoint:{k}": describe(i) for k, i in source_side.tensors.items()}}
     if scope is not None:
         scope_to_adapter(report, scope)
     for key in still_on_meta(target) if on_meta else ():

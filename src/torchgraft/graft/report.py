@@ -48,6 +48,8 @@ class GraftReport:
             guess left unverified makes the verdict ``unverified``.
         surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
             the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
+        shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
+            ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
     """
@@ -68,6 +70,7 @@ class GraftReport:
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
     surplus: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
 
