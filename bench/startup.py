@@ -2,9 +2,9 @@
 
 Before the commands were imported lazily, every start imported torch (2-3 s on a 2-core
 machine); this compares each command line with ``python -c "import torch"``, the cost it no
-longer pays. ``torchgraft inspect`` of a safetensors, NumPy or torch.save state-dict file
-reads its header without importing torch (target: <= 0.5 s); a training checkpoint still goes
-through the full reader, with torch. Median of several fresh processes each (the
+longer pays. ``torchgraft inspect`` of a safetensors, NumPy, torch.save state-dict file or a
+DCP folder reads its header without importing torch (target: <= 0.5 s); a training checkpoint
+still goes through the full reader, with torch. Median of several fresh processes each (the
 interpreter's files are warm after the first run, which is discarded).
 
     python bench/startup.py [--runs 7]
@@ -62,7 +62,11 @@ def _files(folder: Path) -> list[Path]:
     torch.save(state, folder / "model.pt")
     np.savez(folder / "model.npz", **{k: v.numpy() for k, v in state.items()})
     torch.save({"epoch": 1, "state_dict": state}, folder / "training.ckpt")
-    return [folder / n for n in ("model.safetensors", "model.pt", "model.npz", "training.ckpt")]
+    from torch.distributed.checkpoint import save
+
+    save(state, checkpoint_id=str(folder / "dcp"))
+    return [folder / n for n in ("model.safetensors", "model.pt", "model.npz", "dcp",
+                                 "training.ckpt")]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``torchgraft inspect`` of safetensors, NumPy and torch.save state dicts imports no torch.
+"""``torchgraft inspect`` of safetensors, NumPy, torch.save state dicts and DCP imports no torch.
 
 One fresh process inspects every file through the command line's entry point and reports
 whether torch was imported; its JSON must equal what :func:`torchgraft.inspect` (the full
@@ -57,7 +57,18 @@ def files(tmp_path: Path) -> list[Path]:
     }
     for name, write in written.items():
         write(tmp_path / name)
-    return [tmp_path / name for name in written]
+    _dcp_save(state, tmp_path / "dcp")  # torch.distributed.checkpoint's own writer
+    return [*(tmp_path / name for name in written), tmp_path / "dcp"]
+
+
+def _dcp_save(state: object, folder: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint import save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(state, checkpoint_id=str(folder))  # type: ignore[arg-type]
 
 
 def test_inspect_imports_no_torch_and_says_what_the_full_reader_says(files: list[Path]) -> None:
@@ -87,7 +98,9 @@ def test_anything_unusual_goes_to_the_full_reader(tmp_path: Path) -> None:
     tg.save({"a": torch.ones(2), "b": torch.ones(2)}, aliased)
     legacy = tmp_path / "legacy.pt"
     torch.save(state, legacy, _use_new_zipfile_serialization=False)
-    for path in (training, quantized, lying, legacy):
+    nested = tmp_path / "nested_dcp"
+    _dcp_save({"model": dict(state), "step": 3}, nested)
+    for path in (training, quantized, lying, legacy, nested):
         assert quick_inspect(path) is None, path.name
     quick = quick_inspect(aliased)
     assert quick is None or quick.to_dict() == tg.inspect(aliased).to_dict()

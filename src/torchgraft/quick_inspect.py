@@ -1,12 +1,13 @@
 """``torchgraft inspect`` without importing torch, for files whose metadata needs none.
 
 ``import torch`` is most of a command's start-up (1.5-2 s on a small machine). A safetensors
-header, a NumPy ``.npy``/``.npz`` header, and the pickle of a ``torch.save`` state dict (read by
-a restricted unpickler that knows only how torch rebuilds plain tensors) say everything
-``inspect`` shows. Anything else, or anything at all unusual in those files (training
-checkpoints with extras, quantized tensors, aliases, a header the full reader would reject),
-returns ``None``: the full reader then runs, with its checks and its errors. The summary is the
-one :func:`torchgraft.inspect` gives, field for field (the tests compare them).
+header, a NumPy ``.npy``/``.npz`` header, the pickle of a ``torch.save`` state dict (read by a
+restricted unpickler that knows only how torch rebuilds plain tensors) and a DCP folder's
+``.metadata`` (DCP's classes read as inert records) say everything ``inspect`` shows.
+Anything else, or anything at all unusual in those files (training checkpoints with extras,
+quantized tensors, aliases, a header the full reader would reject), returns ``None``: the full
+reader then runs, with its checks and its errors. The summary is the one
+:func:`torchgraft.inspect` gives, field for field (the tests compare them).
 """
 
 from __future__ import annotations
@@ -196,6 +197,119 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_rest: A
     return QuickMeta(shape, storage.dtype, storage.location)
 
 
+class _Record:
+    """A stand-in for any class of DCP's metadata: its arguments and state, nothing run."""
+
+    args: tuple[Any, ...]
+    state: Any
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Record:
+        record = object.__new__(cls)
+        record.args, record.state = args, None
+        return record
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def field(self, name: str) -> Any:
+        """A field of the recorded state (a dataclass's ``__dict__``)."""
+        if not isinstance(self.state, dict):
+            raise _NotQuick
+        return self.state.get(name)
+
+
+@dataclass(frozen=True)
+class _Marker:
+    """A value of torch's that only names itself (a dtype, a layout)."""
+
+    name: str
+
+
+def _marker(*args: Any) -> _Marker:
+    return _Marker(str(args[0]) if args else "")
+
+
+class _DcpUnpickler(pickle.Unpickler):
+    """Reads a DCP ``.metadata`` into records: DCP's own classes, torch's sizes and dtypes."""
+
+    _RECORDS = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in self._RECORDS:
+            return type(name, (_Record,), {})
+        if (module, name) == ("torch", "Size"):
+            return lambda dims=(): _shape(list(dims))
+        if module == "torch" and (name in ITEMSIZE or name in ("strided", "contiguous_format")):
+            return _Marker(name)
+        if (module, name) in (("torch.serialization", "_get_layout"),
+                              ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")):
+            return _marker
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        raise _NotQuick
+
+
+def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, ...] | None]]:
+    """Every stored item, checked to lie inside a plain data file of the folder."""
+    if not isinstance(storage_data, dict):
+        raise _NotQuick
+    stored = set()
+    for index, info in storage_data.items():
+        if not isinstance(index, _Record) or not isinstance(info, _Record):
+            raise _NotQuick
+        relative, offset, length = (info.field(k) for k in ("relative_path", "offset", "length"))
+        if info.field("transform_descriptors") or not isinstance(relative, str) or any(
+                not isinstance(v, int) for v in (offset, length)):
+            raise _NotQuick
+        file = folder / relative
+        if "/" in relative or relative.startswith(".") or file.is_symlink() or not file.is_file() \
+                or not 0 <= offset <= offset + length <= file.stat().st_size:
+            raise _NotQuick
+        where = index.field("offset")
+        stored.add((str(index.field("fqn")), None if where is None else _shape(where)))
+    return stored
+
+
+def _covered(size: tuple[int, ...], chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """Whether the chunks lie inside the tensor and cover it exactly, none overlapping."""
+    if len(chunks) > 4096 or any(
+            len(o) != len(size) or len(n) != len(size)
+            or any(a + b > d for a, b, d in zip(o, n, size, strict=True)) for o, n in chunks):
+        return False
+    overlap = any(all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2, strict=True))
+                  for k, (o1, s1) in enumerate(chunks) for o2, s2 in chunks[k + 1:]
+                  if math.prod(s1) and math.prod(s2))
+    return not overlap and sum(math.prod(n) for _o, n in chunks) == math.prod(size)
+
+
+def _dcp(folder: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
+    metadata_path = folder / ".metadata"
+    if metadata_path.is_symlink() or metadata_path.stat().st_size > _MAX_PICKLE:
+        raise _NotQuick
+    with metadata_path.open("rb") as f:
+        metadata = _DcpUnpickler(f).load()
+    if not isinstance(metadata, _Record) or type(metadata).__name__ != "Metadata":
+        raise _NotQuick
+    stored = _dcp_storage(folder, metadata.field("storage_data"))
+    entries, planner = metadata.field("state_dict_metadata"), metadata.field("planner_data")
+    if not isinstance(entries, dict) or not isinstance(planner, dict):
+        raise _NotQuick
+    tensors = {}
+    for fqn, entry in entries.items():
+        if type(entry).__name__ != "TensorStorageMetadata" or planner.get(fqn) != (fqn,):
+            raise _NotQuick  # objects beside the weights, nesting: the full reader's job
+        properties, size = entry.field("properties"), _shape(entry.field("size"))
+        state = properties.state if isinstance(properties, _Record) else None
+        dtype = state[0] if isinstance(state, tuple) and state else None
+        chunks = [(_shape(c.field("offsets")), _shape(c.field("sizes")))
+                  for c in entry.field("chunks") or [] if isinstance(c, _Record)]
+        if not isinstance(dtype, _Marker) or dtype.name not in ITEMSIZE or not _covered(
+                size, chunks) or any((fqn, offsets) not in stored for offsets, _n in chunks):
+            raise _NotQuick
+        tensors[str(fqn)] = QuickMeta(size, dtype.name)
+    return tensors, {}, "dcp"
+
+
 def _torch_zip(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()
@@ -230,13 +344,17 @@ def quick_inspect(path: Path) -> CheckpointInfo | None:
     """Summarise a checkpoint file without importing torch, when its metadata needs none.
 
     Args:
-        path: A file (folders, repository ids and everything unusual go to the full reader).
+        path: A file, or a torch.distributed.checkpoint folder (other folders, repository ids
+            and everything unusual go to the full reader).
 
     Returns:
         The summary :func:`torchgraft.inspect` would give, or ``None`` when the full reader
         (which imports torch) must run.
     """
     try:
+        if path.is_dir() and (path / ".metadata").is_file():
+            tensors, extras, fmt = _dcp(path)
+            return _summary(path, tensors, extras, fmt)
         if not path.is_file():
             return None
         with path.open("rb") as f:
@@ -249,6 +367,12 @@ def quick_inspect(path: Path) -> CheckpointInfo | None:
             struct.error, TypeError, KeyError, IndexError, AttributeError, RecursionError,
             MemoryError):
         return None
+    return _summary(path, tensors, extras, fmt)
+
+
+def _summary(path: Path, tensors: dict[str, QuickMeta], extras: dict[str, Any],
+             fmt: str) -> CheckpointInfo:
+    """The summary of what a quick reader found, as :func:`torchgraft.inspect` builds it."""
     info = CheckpointInfo(
         path=str(path), format=fmt, tensors=list(tensors.items()),  # type: ignore[arg-type]
         saved_devices=sorted({m.device for m in tensors.values()}),

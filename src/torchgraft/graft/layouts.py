@@ -180,10 +180,12 @@ def family_of(side: Side) -> str | None:
     Returns:
         The family, or ``None``.
     """
-    for family, pattern in _FAMILIES.items():
-        if any(pattern.search(name) for name in side.tensors):
-            return family
-    return None
+    if "family" not in side.facts:  # asked by several layouts and warnings: scanned once
+        side.facts["family"] = next((family for family, pattern in _FAMILIES.items()
+                                     if any(pattern.search(name) for name in side.tensors)),
+                                    None)
+    family: str | None = side.facts["family"]
+    return family
 
 
 def _between(src_family: str, dst_family: str) -> Callable[[Side, Side], bool]:

@@ -66,6 +66,8 @@ class Side:
             after the first.
         head_dims: Module path to its attention ``head_dim``, for modules that say it.
         ordered: Whether ``order`` is a real order of definition or use.
+        facts: What was derived from the names once and is asked again (the naming family):
+            scanning 100k names per question would cost seconds.
     """
 
     tensors: dict[str, TensorInfo]
@@ -74,6 +76,7 @@ class Side:
     ties: dict[str, str] = field(default_factory=dict)
     head_dims: dict[str, int] = field(default_factory=dict)
     ordered: bool = True
+    facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.order:
