@@ -142,6 +142,61 @@ def make_gguf() -> None:
             ["gguf", "transformers", "torch", "numpy"])
 
 
+def make_gguf_qwen2() -> None:
+    """A tiny transformers Qwen2 (q/k/v biases) written by GGUFWriter as llama.cpp writes it.
+
+    Names mapped, rows not permuted (qwen2 is not rotary-permuted by the converter); F32 norms
+    and biases, F16 matrices.
+    """
+    import gguf
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=True,
+                         rope_theta=10000.0)
+    model = Qwen2ForCausalLM(config).eval()
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    path = OUT / "gguf" / "qwen2_f16.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            if value.dim() == 2:
+                value.copy_(value.half().float())  # the file's F16 values, exactly
+            parts = key.split(".")
+            if key == "model.embed_tokens.weight":
+                gname = "token_embd.weight"
+            elif key == "model.norm.weight":
+                gname = "output_norm.weight"
+            elif key == "lm_head.weight":
+                continue  # tied to the embedding: llama.cpp writes no output.weight
+            else:
+                gname = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
+            array = value.numpy()
+            writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
+        ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
+        logits = model(ids).logits.numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    np.savez(OUT / "gguf" / "qwen2_f16_io.npz", ids=ids.numpy(), logits=logits)
+    _record("gguf/qwen2_f16", ["gguf/qwen2_f16.gguf", "gguf/qwen2_f16_io.npz"],
+            "transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to F16) "
+            "written with gguf.GGUFWriter as llama.cpp's converter writes qwen2 (no row "
+            "permutation); logits: the transformers model's",
+            ["gguf", "transformers", "torch", "numpy"])
+
+
 # --- Keras / TensorFlow ---------------------------------------------------------------------
 
 def _randomise_keras(model: Any, rng: np.random.Generator) -> None:
@@ -226,7 +281,147 @@ def make_keras() -> None:
             ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
 
 
-COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras}
+# --- Flax -----------------------------------------------------------------------------------
+
+def make_flax() -> None:
+    """Flax linen models and transformers' FlaxBertModel, saved by Flax's own functions.
+
+    flax.serialization.to_bytes for the linen models, save_pretrained (flax_model.msgpack) for
+    FlaxBertModel; outputs for fixed inputs beside each.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from flax import serialization
+
+    out = OUT / "flax"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Conv(4, (3, 3), padding="VALID")(x)
+            x = nn.BatchNorm(use_running_average=True)(x)
+            x = nn.relu(x).mean((1, 2))
+            x = nn.LayerNorm()(nn.Dense(6)(x))
+            return nn.Dense(3)(x)
+
+    class Attention(nn.Module):
+        @nn.compact
+        def __call__(self, ids: Any) -> Any:
+            x = nn.Embed(10, 8, name="embed")(ids)
+            x = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, name="attn")(x, x)
+            return nn.Dense(3, name="head")(x)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any, _: Any) -> tuple[Any, None]:
+            return x + nn.relu(nn.Dense(8, name="fc")(nn.LayerNorm(name="norm")(x))), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Dense(8, name="inp")(x)
+            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             length=3)
+            x, _ = blocks(name="blocks")(x, None)
+            return nn.Dense(2, name="out")(x)
+
+    def randomise(variables: Any) -> Any:
+        def one(path: Any, leaf: Any) -> Any:
+            value = rng.standard_normal(leaf.shape).astype(np.float32) * 0.5
+            if "var" in str(path[-1]):
+                value = np.abs(value) + 0.5
+            return jnp.asarray(value)
+        return jax.tree_util.tree_map_with_path(one, variables)
+
+    cases = {
+        "cnn": (CNN(), rng.standard_normal((2, 8, 8, 3)).astype(np.float32)),
+        "attention": (Attention(), rng.integers(0, 10, (2, 5)).astype(np.int32)),
+        "scan": (Stack(), rng.standard_normal((2, 4)).astype(np.float32)),
+    }
+    for name, (module, x) in cases.items():
+        variables = randomise(module.init(jax.random.PRNGKey(0), x))
+        (out / f"{name}.msgpack").write_bytes(serialization.to_bytes(variables))
+        np.savez(out / f"{name}_io.npz", x=x, y=np.asarray(module.apply(variables, x)))
+
+    from transformers import BertConfig, FlaxBertModel
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    bert = FlaxBertModel(config, seed=0)
+    ids = rng.integers(0, 50, (2, 6)).astype(np.int32)
+    bert.save_pretrained(out / "flax_bert")
+    (out / "flax_bert" / "config.json").unlink()
+    np.savez(out / "flax_bert_io.npz", ids=ids, y=np.asarray(bert(ids).last_hidden_state))
+    _record("flax", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "flax linen models (variables randomised, seed 0; one with nn.scan-stacked layers) "
+            "saved with flax.serialization.to_bytes; transformers FlaxBertModel.save_pretrained "
+            "(flax_model.msgpack); *_io.npz: the framework's outputs",
+            ["jax", "flax", "transformers", "numpy"])
+
+
+# --- MLX ------------------------------------------------------------------------------------
+
+def make_mlx() -> None:
+    """An mlx-lm quantized Llama and an MLX CNN, saved by MLX's own functions.
+
+    The Llama is quantized by mlx_lm.utils.quantize_model (4 bits, groups of 32) and saved by
+    save_model/save_config; the CNN by save_weights (.safetensors, .npz).
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    out = OUT / "mlx"
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(0)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
+    float_logits = np.array(model(ids))
+    model, quantized_config = quantize_model(model, config, group_size=32, bits=4)
+    logits = np.array(model(ids))
+    layer = model.model.layers[0].self_attn.q_proj
+    dequantized = np.array(mx.dequantize(layer.weight, layer.scales, layer.biases,
+                                         group_size=32, bits=4))
+    save_model(out / "llama_q4", model)
+    save_config(quantized_config, out / "llama_q4" / "config.json")
+    np.savez(out / "llama_q4_io.npz", ids=np.array(ids), logits=logits,
+             float_logits=float_logits, q_proj_0=dequantized)
+
+    class CNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+            self.fc = nn.Linear(6, 3)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc(nn.relu(self.conv2(nn.relu(self.conv(x)))).mean(axis=(1, 2)))
+
+    cnn = CNN()
+    mx.eval(cnn.parameters())
+    x = mx.random.normal((2, 8, 8, 3))
+    cnn.save_weights(str(out / "cnn.safetensors"))
+    cnn.save_weights(str(out / "cnn.npz"))
+    np.savez(out / "cnn_io.npz", x=np.array(x), y=np.array(cnn(x)))
+    _record("mlx", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "mlx-lm llama.Model (mx.random.seed 0) quantized by mlx_lm.utils.quantize_model "
+            "(affine, 4 bits, group 32) and saved by save_model/save_config; logits: the "
+            "quantized MLX model's, float_logits: before quantization, q_proj_0: "
+            "mx.dequantize of layer 0's q_proj; an MLX CNN saved by save_weights",
+            ["mlx", "mlx-lm", "numpy"])
+
+
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
+                                          "keras": make_keras,
+                                          "flax": make_flax, "mlx": make_mlx}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -78,3 +78,23 @@ def test_convert_to_dcp_for_ranks(run: Run, tmp_path: Path, model: SmallNet) -> 
     assert state["epoch"] == 2
     wrong = run("convert", str(src), str(tmp_path / "m.safetensors"), "--ranks", "2")
     assert wrong.returncode == 2 and "ranks=2" in wrong.stderr
+
+
+def test_convert_writes_stacked_experts_per_expert(run: Run, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    fused = {"layers.0.mlp.experts.gate_up_proj": torch.randn(3, 8, 5),
+             "layers.0.mlp.experts.down_proj": torch.randn(3, 5, 4),
+             "layers.0.mlp.gate.weight": torch.randn(3, 5)}
+    torch.save(fused, tmp_path / "fused.pt")
+    result = run("convert", str(tmp_path / "fused.pt"), str(tmp_path / "w1.safetensors"),
+                 "--experts", "mixtral")
+    assert result.returncode == 0, result.stderr
+    written = load_file(tmp_path / "w1.safetensors")
+    assert torch.equal(written["layers.0.block_sparse_moe.experts.2.w3.weight"],
+                       fused["layers.0.mlp.experts.gate_up_proj"][2, 4:])
+    assert torch.equal(written["layers.0.block_sparse_moe.gate.weight"],
+                       fused["layers.0.mlp.gate.weight"])
+    assert len(written) == 3 * 3 + 1
+    bad = run("convert", str(tmp_path / "fused.pt"), str(tmp_path / "x.safetensors"),
+              "--experts", "other")
+    assert bad.returncode == 2 and "per-expert" in bad.stderr

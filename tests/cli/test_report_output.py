@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import html
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -170,26 +174,51 @@ def _browser() -> str | None:
                                                          "google-chrome")) if p), None)
 
 
-def test_html_report_in_a_real_browser(tmp_path: Path) -> None:
-    """Headless Chromium opens the page of a real graft; its DOM and a screenshot are checked."""
+def test_html_report_in_a_real_browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headless Chromium opens the page of the README's graft: DOM, search and a screenshot.
+
+    ``TORCHGRAFT_SCREENSHOT=docs/images/graft-report.png`` regenerates the README's picture.
+    """
     browser = _browser()
     if browser is None:
         pytest.skip("no Chromium here (Debian: apt-get install chromium)")
-    from tests.models import ResNet18, pretrained_resnet18
+    from tests.test_readme import readme_blocks, shown_output
 
-    source = pretrained_resnet18(num_classes=1000)
-    path = tmp_path / "resnet.pt"
-    torch.save({"model": nn.DataParallel(source).state_dict()}, path)
-    report = tg.graft(path, ResNet18(num_classes=10, in_chans=4))
+    setup, blocks = readme_blocks()
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    exec(compile(setup, "README.md:setup", "exec"), namespace)
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(blocks[0], "README.md:python block 1", "exec"), namespace)
+    report = namespace["report"]
+    assert isinstance(report, tg.GraftReport)
     page = report.to_html(tmp_path / "report.html")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--window-size=1400,1000"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True,
-                         text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "graft ok" in dom.stdout and "model: 122 tensors" in dom.stdout
-    assert 'data-kind="adapted"' in dom.stdout and 'data-kind="reinitialised"' in dom.stdout
-    shot = Path(os.environ.get("TORCHGRAFT_SCREENSHOT", tmp_path / "report.png"))
+
+    def dom(query: str = "") -> str:
+        result = subprocess.run([*flags, "--dump-dom", page.as_uri() + query],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    shown = dom()
+    headline = re.search(r"<h1>(.*?)</h1>", shown)
+    assert headline is not None
+    assert re.sub(r"<[^>]+>", "", headline[1]) == shown_output(blocks[0])  # README's headline
+    assert "model: 122 tensors" in shown and 'id="search"' in shown
+    assert "outputs not compared" in shown
+    assert 'data-kind="adapted"' in shown and 'data-kind="reinitialised"' in shown
+    assert "(64, 4, 7, 7) float32" in shown and "(64, 3, 7, 7) float32" in shown  # both sides
+    reason = html.escape(report.reinitialised["fc.weight"], quote=False)
+    assert f"<div class=\"why\">{reason}</div>" in shown  # visible, not only on hover
+    assert '<span class="e">name</span>' in shown  # each key's evidence
+    searched = dom("?q=layer4.1.conv2")
+    rows = re.findall(r'<div class="t [^"]*"[^>]*>', searched)
+    visible = [r for r in rows if " hidden" not in r]
+    assert len(rows) == 244 and len(visible) == 2
+    assert all("layer4.1.conv2.weight" in r for r in visible)
+    shot = Path(os.environ.get("TORCHGRAFT_SCREENSHOT", tmp_path / "report.png")).absolute()
     taken = subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()],
                            capture_output=True, text=True, timeout=120)
     assert taken.returncode == 0, taken.stderr[-2000:]

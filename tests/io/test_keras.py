@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 
 h5py = pytest.importorskip("h5py")
@@ -34,26 +35,9 @@ class KerasCNN(nn.Module):
         return self.head(self.norm(self.fc(y)))
 
 
-class KerasAttention(nn.Module):
+def KerasAttention() -> AttentionTwin:
     """Embedding, Keras MultiHeadAttention(num_heads=2, key_dim=4) and a Dense."""
-
-    def __init__(self, heads: int = 2) -> None:
-        super().__init__()
-        self.heads = heads
-        self.embed = nn.Embedding(10, 8)
-        self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
-        self.out = nn.Linear(8, 3)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        b, t, _ = x.shape
-
-        def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
-
-        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        attn = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        return self.out(self.o((attn @ v).transpose(1, 2).reshape(b, t, -1)))
+    return AttentionTwin(names=("query", "key", "value", "attention_output"), head="out")
 
 
 class LegacyNet(nn.Module):
@@ -102,21 +86,30 @@ def test_legacy_tf_keras_h5_grafts() -> None:
 
 
 def test_transformers_tf_model_h5_grafts_into_bert() -> None:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32,
-                                     max_position_embeddings=16)
-    model = transformers.BertModel(config).eval()
-    io = np.load(FIXTURES / "tf_bert_io.npz")
-    report = tg.graft(FIXTURES / "tf_bert" / "tf_model.h5", model)
-    assert report.ok, report
-    with torch.no_grad():
-        out = model(torch.from_numpy(io["ids"]).long()).last_hidden_state
-    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+    assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
 
 
-def test_other_widths_and_head_counts_are_never_ok() -> None:
+def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
     assert not tg.graft(FIXTURES / "cnn.keras", KerasCNN(width=7), strict=False).ok
+
+
+def test_interchangeable_projections_are_a_guess_until_outputs_settle_it() -> None:
+    """Four same-shaped projections under other names: UNVERIFIED, never ok, until the
+    outputs Keras gave (committed beside the file) are reproduced."""
+    model = AttentionTwin(names=("q", "k", "v", "o"), head="out").eval()
+    report = tg.graft(FIXTURES / "attention.keras", model, strict=False)
+    assert report.verdict == "unverified" and not report.ok
+    io = np.load(FIXTURES / "attention_io.npz")
+    with torch.no_grad():
+        out = model(torch.from_numpy(io["ids"]).long())
+    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+    report.mark_verified()
+    assert report.ok
+
+
+def test_inspect_states_the_head_size() -> None:
+    metadata = tg.inspect(FIXTURES / "attention.keras").extras["__metadata__"]
+    assert metadata["head_dims"] == {"attn": 4}
 
 
 def test_inspect_and_convert(tmp_path: Path) -> None:

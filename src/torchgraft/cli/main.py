@@ -42,7 +42,8 @@ COMMANDS = {
     "export": ("export_command", "export_command",
                "Build MODULE:FACTORY, graft --checkpoint into it, and export it to ONNX."),
     "demo": ("demo_command", "demo",
-             "A guided tour: ten checkpoint problems, the plain PyTorch error, and the fix."),
+             "A guided tour: fourteen checkpoint problems, the plain PyTorch error, and the "
+             "fix."),
 }
 
 

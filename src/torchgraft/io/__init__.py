@@ -6,8 +6,10 @@ from . import (
     components,
     dcp,
     deepspeed,
+    flax_format,
     gguf_format,
     keras_format,
+    mlx_format,
     numpy_format,
     onnx_format,
     pickle_format,
@@ -33,6 +35,7 @@ for _fmt in (
     torch_zip.FORMAT,
     numpy_format.NPZ_FORMAT,
     numpy_format.NPY_FORMAT,
+    mlx_format.FORMAT,
     safetensors_format.FORMAT,
     pickle_format.FORMAT,
     sharded.FORMAT,
@@ -42,5 +45,7 @@ for _fmt in (
     gguf_format.FORMAT,
     onnx_format.FORMAT,
     keras_format.FORMAT,
+    flax_format.FORMAT,
+    mlx_format.FOLDER_FORMAT,
 ):
     register(_fmt)

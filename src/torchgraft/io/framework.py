@@ -22,8 +22,8 @@ import torch
 from ..errors import CorruptCheckpointError, MissingDependencyError
 from ..meta import TensorMeta, TensorRef
 
-__all__ = ["LAYOUT_OPS", "Leaf", "import_optional", "plain_metadata", "relaid", "rename",
-           "torch_layout"]
+__all__ = ["ATTENTION_PROJECTIONS", "LAYOUT_OPS", "Leaf", "import_optional", "plain_metadata",
+           "record_head_dim", "relaid", "rename", "torch_layout"]
 
 
 def import_optional(module: str, *, extra: str, feature: str) -> ModuleType:
@@ -147,6 +147,25 @@ def torch_layout(leaves: Sequence[Leaf], parent: str, leaf: str,
         if entry.parent is None or entry.op_for(ndim) is not None:
             return entry.torch_name, entry.op_for(ndim)
     return None
+
+
+#: Attention projections whose kernels are ``[hidden, heads, head_dim]`` (Keras, Flax).
+ATTENTION_PROJECTIONS = r"query|key|value"
+
+
+def record_head_dim(head_dims: dict[str, int], module: tuple[str, ...], leaf: str,
+                    shape: tuple[int, ...]) -> None:
+    """Note the head size a ``[hidden, heads, head_dim]`` query/key/value kernel states.
+
+    Args:
+        head_dims: Attention module path to head size, filled in.
+        module: The kernel's module path (``("attn", "query")``).
+        leaf: Its leaf name.
+        shape: Its stored shape.
+    """
+    if (leaf == "kernel" and len(shape) == 3 and module
+            and re.fullmatch(ATTENTION_PROJECTIONS, module[-1])):
+        head_dims[".".join(module[:-1])] = shape[2]
 
 
 def relaid(ref: TensorRef, op: str | None, *, name: str, path: str) -> TensorRef:

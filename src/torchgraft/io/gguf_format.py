@@ -226,6 +226,19 @@ def _unpermuted(ref: TensorRef, heads: int, name: str, path: str) -> TensorRef:
     return TensorRef(ref.meta, lambda: unpermute_rotary(ref.read(), heads).contiguous())
 
 
+def _head_dims(metadata: dict[str, Any], arch: str, root: dict[str, Any]) -> dict[str, int]:
+    """Each attention module's head size, as the file's metadata states it."""
+    heads = metadata.get(f"{arch}.attention.head_count")
+    width = metadata.get(f"{arch}.embedding_length")
+    size = metadata.get(f"{arch}.attention.key_length")
+    if not isinstance(size, int):
+        if not isinstance(heads, int) or not isinstance(width, int) or heads <= 0:
+            return {}
+        size = width // heads
+    return {name.rsplit(".", 2)[0]: size for name in root
+            if name.endswith(".self_attn.q_proj.weight")}
+
+
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
     metadata, infos, start = _header(source)
@@ -252,7 +265,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         type_name = GGML_TYPES[kind][0]
         types[type_name] = types.get(type_name, 0) + 1
     root["__metadata__"] = {
-        "framework": "gguf", "architecture": arch,
+        "framework": "gguf", "architecture": arch, "head_dims": _head_dims(metadata, arch, root),
         "layout": ("llama.cpp names renamed to transformers'"
                    + (", q/k rotary rows un-interleaved" if permuted else "")),
         "quantization": types,

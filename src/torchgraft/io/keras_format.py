@@ -31,7 +31,14 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions
-from .framework import Leaf, import_optional, relaid, torch_layout
+from .framework import (
+    ATTENTION_PROJECTIONS,
+    Leaf,
+    import_optional,
+    record_head_dim,
+    relaid,
+    torch_layout,
+)
 from .source import FileSource
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
 
@@ -48,9 +55,9 @@ _MAX_RATIO = 1100
 _CONV = ("transpose", "channels_last_kernel")
 #: Keras leaf names to PyTorch's, with layout operations by number of dimensions.
 LEAVES = (
-    Leaf("kernel", "weight", ((3, "heads_in"),), parent=r"query|key|value"),
+    Leaf("kernel", "weight", ((3, "heads_in"),), parent=ATTENTION_PROJECTIONS),
     Leaf("kernel", "weight", ((3, "heads_out"),), parent=r"attention_output"),
-    Leaf("bias", "bias", ((2, "flatten"),), parent=r"query|key|value"),
+    Leaf("bias", "bias", ((2, "flatten"),), parent=ATTENTION_PROJECTIONS),
     Leaf("kernel", "weight", ((2, "transpose"), (3, _CONV[1]), (4, _CONV[1]), (5, _CONV[1]))),
     Leaf("depthwise_kernel", "weight", ((3, "depthwise_kernel"), (4, "depthwise_kernel"))),
     Leaf("bias", "bias"),
@@ -157,7 +164,8 @@ def _keras3_layers(group: Any, prefix: tuple[str, ...], depth: int, counter: lis
 
 
 def _torch_entry(module: tuple[str, ...], leaf: str, stored: TensorRef, name: str,
-                 path: str) -> tuple[str, TensorRef]:
+                 path: str, head_dims: dict[str, int]) -> tuple[str, TensorRef]:
+    record_head_dim(head_dims, module, leaf, stored.meta.shape)
     parent = module[-1] if module else ""
     found = torch_layout(LEAVES, parent, leaf, len(stored.meta.shape))
     torch_leaf, op = found if found is not None else (leaf, None)
@@ -165,7 +173,7 @@ def _torch_entry(module: tuple[str, ...], leaf: str, stored: TensorRef, name: st
 
 
 def _read_keras3(file: Any, source: FileSource | None, base: int, path: str,
-                 order: list[str]) -> dict[str, TensorRef]:
+                 order: list[str], head_dims: dict[str, int]) -> dict[str, TensorRef]:
     root: dict[str, TensorRef] = {}
     layers = list(_keras3_layers(file, (), 0, [0], path))
     if order:
@@ -178,7 +186,7 @@ def _read_keras3(file: Any, source: FileSource | None, base: int, path: str,
             leaf = names[position] if 0 <= position < len(names) else f"var{index}"
             where = f"{variables.name}/{index}"
             stored = _dataset_ref(variables[index], source, base, where, path)
-            name, ref = _torch_entry(module, leaf, stored, where, path)
+            name, ref = _torch_entry(module, leaf, stored, where, path, head_dims)
             if name in root:
                 raise CorruptCheckpointError(f"two variables are named '{name}'", path=path)
             root[name] = ref
@@ -189,8 +197,8 @@ def _strings(value: Any) -> list[str]:
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(value)]
 
 
-def _read_legacy(file: Any, source: FileSource | None, base: int,
-                 path: str) -> dict[str, TensorRef]:
+def _read_legacy(file: Any, source: FileSource | None, base: int, path: str,
+                 head_dims: dict[str, int]) -> dict[str, TensorRef]:
     """tf.keras ``save_weights(.h5)``: ``layer_names`` in order, each with ``weight_names``."""
     root: dict[str, TensorRef] = {}
     group = file.get("model_weights", file)
@@ -201,7 +209,7 @@ def _read_legacy(file: Any, source: FileSource | None, base: int,
             parts = parts[parts.index(layer):] if layer in parts else [layer, *parts]
             module = tuple(p for part in parts[:-1] for p in part.split("_._") if p)
             stored = _dataset_ref(weights[weight], source, base, weight, path)
-            name, ref = _torch_entry(module, parts[-1], stored, weight, path)
+            name, ref = _torch_entry(module, parts[-1], stored, weight, path, head_dims)
             if name in root:
                 raise CorruptCheckpointError(f"two weights are named '{name}'", path=path)
             root[name] = ref
@@ -209,21 +217,28 @@ def _read_legacy(file: Any, source: FileSource | None, base: int,
 
 
 def _read_hdf5(file: Any, source: FileSource | None, base: int, path: str,
-               order: list[str]) -> tuple[dict[str, Any], str]:
+               order: list[str]) -> dict[str, Any]:
+    """The weights in PyTorch's names and layouts, and what the file says about them."""
+    head_dims: dict[str, int] = {}
     group = file.get("model_weights", file)
     if "layer_names" in group.attrs:
-        return _read_legacy(file, source, base, path), "tf.keras (legacy HDF5)"
-    return _read_keras3(file, source, base, path, order), "keras 3"
+        root: dict[str, Any] = _read_legacy(file, source, base, path, head_dims)
+        flavour = "tf.keras (legacy HDF5)"
+    else:
+        root = _read_keras3(file, source, base, path, order, head_dims)
+        flavour = "keras 3"
+    root["__metadata__"] = {"framework": flavour, "head_dims": head_dims,
+                            "layout": "Keras names and layouts re-laid as PyTorch's (kernels "
+                                      "transposed, HWIO to OIHW)"}
+    return root
 
 
 def _open_h5(path: Path, options: ReadOptions) -> Contents:
     h5py = _h5py()
     source = FileSource(path)
     file = h5py.File(path, "r")
-    root, flavour = _read_hdf5(file, source, 0, str(path), [])
-    root["__metadata__"] = {"framework": flavour, "layout": "Keras names and layouts re-laid "
-                            "as PyTorch's (kernels transposed, HWIO to OIHW)"}
-    return Contents("keras", path, root, [file.close, source.close])
+    return Contents("keras", path, _read_hdf5(file, source, 0, str(path), []),
+                    [file.close, source.close])
 
 
 class _Window:
@@ -283,10 +298,8 @@ def _open_keras(path: Path, options: ReadOptions) -> Contents:
         base = zip_data_offset(source, info)
     source.check_range(base, info.file_size, what="model.weights.h5")
     file = h5py.File(_Window(source, base, info.file_size), "r")
-    root, flavour = _read_hdf5(file, source, base, str(path), order)
-    root["__metadata__"] = {"framework": flavour, "layout": "Keras names and layouts re-laid "
-                            "as PyTorch's (kernels transposed, HWIO to OIHW)"}
-    return Contents("keras", path, root, [file.close, source.close])
+    return Contents("keras", path, _read_hdf5(file, source, base, str(path), order),
+                    [file.close, source.close])
 
 
 def _keras_magic(head: bytes) -> bool:
