@@ -190,6 +190,8 @@ class FileSource(ByteSource):
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         storage = self._storage
         if storage is None:
+            if os.fstat(self.fd).st_size < self.size:
+                raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
                 self._mappable(), shared=False, nbytes=self.size))
         raw = torch.empty(0, dtype=torch.uint8)
