@@ -58,7 +58,8 @@ def _child(save: Save, value: float, conn: Connection) -> None:
 @pytest.fixture(scope="module")
 def server() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torchgraft", "tests.test_writes"])
+    context.set_forkserver_preload(["torch", "torch.distributed.checkpoint", "torchgraft",
+                                    "torchgraft.save", "tests.test_writes"])
     return context
 
 
@@ -161,8 +162,9 @@ def test_killed_dcp_writes_keep_a_whole_folder(
         tmp_path: Path, server: multiprocessing.context.ForkServerContext) -> None:
     path = tmp_path / "ckpt"
     save = functools.partial(_save, path, False)
-    start = time.monotonic()
     save(0.0, _quiet)
+    start = time.monotonic()
+    save(0.5, _quiet)
     duration = time.monotonic() - start
     shutil.rmtree(path)
     _kill_loop(server, save, lambda: _values(path), per_tensor=False, duration=duration)

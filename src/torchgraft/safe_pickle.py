@@ -321,7 +321,12 @@ def _display(global_name: str) -> str:
 
 def _encode(text: str, encoding: str = "utf-8") -> bytes:
     """``_codecs.encode``, as protocol 2 pickles store bytes: text codecs only."""
-    if codecs.lookup(encoding).name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
+    try:
+        name = codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise CorruptCheckpointError(f"_codecs.encode with unknown encoding {encoding!r:.40}"
+                                     ) from None
+    if name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
         raise UnsafeCheckpointError(f"_codecs.encode with encoding {encoding!r}")
     return text.encode(encoding)
 
