@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["checksum", "linears", "median_of", "peak_rss", "warm", "worker", "write_linears"]
+__all__ = ["checksum", "linears", "median_of", "pair_ratios", "peak_rss", "warm", "worker",
+           "write_linears"]
 
 
 def warm(path: Path) -> None:
@@ -70,3 +71,14 @@ def peak_rss() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def pair_ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]],
+                key: str = "seconds") -> float:
+    """The median of the per-pair ratios ``ours[i][key] / theirs[i][key]``.
+
+    Sides run alternately, so each pair saw the same load on the machine; the median of
+    their ratios is steadier than the ratio of medians on a shared machine.
+    """
+    return statistics.median(float(a[key]) / float(b[key])
+                             for a, b in zip(ours, theirs, strict=True))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup.sh) and run the demo: a guided tour of ten checkpoint problems.
+# Set up .venv (see setup.sh) and run the demo: a guided tour of fourteen checkpoint problems.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -1,9 +1,10 @@
 r"""Regenerate tests/fixtures: small checkpoints written by the real libraries' own save functions.
 
 These libraries are too heavy for the test suite, so their files are made here and committed:
-Lightning (``Trainer.save_checkpoint``), mmengine (``Runner`` with its ``CheckpointHook``),
-DeepSpeed (``engine.save_checkpoint`` under ZeRO stages 1, 2 and 3, two ranks on the CPU),
-diffusers (``DiffusionPipeline.save_pretrained``) and sentence-transformers
+Lightning (``Trainer.save_checkpoint``; a network as ``self.net``, and one as ``self.model``),
+mmengine (``Runner`` with its ``CheckpointHook``), DeepSpeed (``engine.save_checkpoint`` under
+ZeRO stages 1, 2 and 3, two ranks on the CPU), diffusers (``DiffusionPipeline.save_pretrained``)
+and sentence-transformers
 (``SentenceTransformer.save``). Beside each, ``reference.safetensors`` holds what the library
 itself loads back (its own loader, not torchgraft) and an input with the output the library's
 model gives for it, so the tests compare torchgraft with the library bit for bit.
@@ -58,6 +59,19 @@ class Color(enum.Enum):
     RED = 1
 
 
+def _fit_and_save(module: Any, path: Path) -> Any:
+    """Train a LightningModule class for one epoch on random data, save and load it back."""
+    import lightning as L
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, accelerator="cpu")
+    trainer.fit(module(), torch.utils.data.DataLoader(data, batch_size=8))
+    trainer.save_checkpoint(path)
+    return module.load_from_checkpoint(path, weights_only=False).eval()
+
+
 def lightning(root: Path) -> None:
     """A LightningModule with an Enum hyper-parameter, one epoch, its checkpoint."""
     import lightning as L
@@ -80,17 +94,39 @@ def lightning(root: Path) -> None:
             return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
     folder = root / "lightning"
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, accelerator="cpu")
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
-    trainer.save_checkpoint(folder / "tiny.ckpt")
-    loaded = Tiny.load_from_checkpoint(folder / "tiny.ckpt", weights_only=False).eval()
+    loaded = _fit_and_save(Tiny, folder / "tiny.ckpt")
     x = torch.randn(3, 4)
     _reference(folder, loaded.state_dict(), x=x, y=loaded(x))
     _record("lightning", folder, root, "Trainer.fit for one epoch, then Trainer.save_checkpoint; "
             "an Enum in the hyper-parameters", "lightning")
+
+
+def lightning_model(root: Path) -> None:
+    """A LightningModule holding its network as ``self.model``: every key starts ``model.``."""
+    import lightning as L
+
+    class Wrapped(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x)
+
+        def training_step(self, batch: Any, index: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.cross_entropy(self(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    folder = root / "lightning-model"
+    loaded = _fit_and_save(Wrapped, folder / "wrapped.ckpt")
+    x = torch.randn(3, 4)
+    _reference(folder, loaded.model.state_dict(), x=x, y=loaded(x))
+    _record("lightning-model", folder, root, "Trainer.fit for one epoch, then "
+            "Trainer.save_checkpoint of a LightningModule whose network is self.model; "
+            "reference: the bare network's state dict", "lightning")
 
 
 def mmengine(root: Path) -> None:
@@ -249,8 +285,9 @@ def sentence_transformers(root: Path) -> None:
             "sentence-transformers", "transformers")
 
 
-WRITERS = {"lightning": lightning, "mmengine": mmengine, "deepspeed": deepspeed,
-           "diffusers": diffusers, "sentence-transformers": sentence_transformers}
+WRITERS = {"lightning": lightning, "lightning-model": lightning_model, "mmengine": mmengine,
+           "deepspeed": deepspeed, "diffusers": diffusers,
+           "sentence-transformers": sentence_transformers}
 
 
 def main() -> None:

@@ -20,4 +20,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 echo "setup: installing torchgraft${EXTRAS:+[$EXTRAS]}" >&2
 pip_install -e ".${EXTRAS:+[$EXTRAS]}"
+if [ "$EXTRAS" = "test" ]; then
+    # Code bases that depend on torch/torchvision: without their dependencies (see the file).
+    pip_install --no-deps -r scripts/requirements-no-deps.txt
+fi
 "$PY" -c "import torch, torchgraft" || { echo "setup: install failed" >&2; exit 1; }

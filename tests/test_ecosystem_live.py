@@ -60,13 +60,14 @@ def test_peft_adapter_grafts_into_a_peft_model(tmp_path: Path) -> None:
     fresh = _lora(seed=1)  # the same base weights, other LoRA weights
     report = tg.graft(tmp_path / "adapter", fresh)
     assert sorted(report.loaded) == sorted(k for k in fresh.state_dict() if ".lora_" in k)
-    # the adapter file holds no base weights: they are reported, not claimed
-    assert set(report.missing) == {k for k in fresh.state_dict() if "base_layer" in k}
+    # the adapter file holds no base weights: not part of the adapter, neither claimed nor missing
+    assert report.ok and not report.missing
+    assert set(report.not_in_adapter) == {k for k in fresh.state_dict() if "base_layer" in k}
     x = torch.randn(3, 64)
     assert torch.equal(fresh(x), trained(x))
 
 
-def test_peft_adapter_into_a_model_without_lora_is_not_ok(tmp_path: Path) -> None:
+def test_peft_adapter_into_a_model_without_lora_is_refused(tmp_path: Path) -> None:
     _lora(seed=0).save_pretrained(tmp_path / "adapter")
-    report = tg.graft(tmp_path / "adapter", _net(2))
-    assert not report.ok and not report.loaded
+    with pytest.raises(tg.TorchgraftError, match="PEFT adapter.*get_peft_model"):
+        tg.graft(tmp_path / "adapter", _net(2))

@@ -1,8 +1,8 @@
 """Quantized checkpoints (qint8, quint8, qint32; per tensor, per channel) read as torch does.
 
 A dynamically quantized model's checkpoint grafts into the float model, dequantized and said
-so; a quantized target is refused with the way out; formats without quantized dtypes refuse
-them with the fix.
+so, and into the same quantized model as load_state_dict loads it; formats without quantized
+dtypes refuse them with the fix.
 """
 
 from __future__ import annotations
@@ -109,12 +109,46 @@ def test_quantized_checkpoint_grafts_into_the_float_model_dequantized(
     assert set(report.unused) == {"0.scale", "0.zero_point", "2.scale", "2.zero_point"}
 
 
-def test_quantized_target_is_refused_with_the_way_out(
+def test_same_quantized_architecture_loads_like_load_state_dict(
         quantized_file: tuple[Path, nn.Module]) -> None:
-    path, _model = quantized_file
-    with pytest.raises(tg.TorchgraftError, match=r"Cannot graft into '0' \(torch\.ao\..*Linear\)"
-                       r".*Graft into the float model, then quantize it"):
-        tg.graft(path, _quantize(_float_model()))
+    path, model = quantized_file
+    target, plain = _quantize(_float_model(seed=1)), _quantize(_float_model(seed=2))
+    plain.load_state_dict(torch.load(path, weights_only=True))
+    report = tg.graft(path, nn.DataParallel(target), strict=True)
+    assert report.ok and report.clean and not report.missing and not report.unused
+    assert "0._packed_params._packed_params.0" in report.loaded
+    for key, value in plain.state_dict().items():
+        got = target.state_dict()[key]
+        for mine, theirs in zip(value if isinstance(value, tuple) else (value,),
+                                got if isinstance(got, tuple) else (got,), strict=True):
+            if isinstance(theirs, torch.Tensor) and theirs.is_quantized:
+                _assert_same_quantized(mine, theirs)
+            else:
+                assert mine == theirs if not isinstance(mine, torch.Tensor) else torch.equal(
+                    mine, theirs)
+    x = torch.randn(4, 8)
+    assert torch.equal(target(x), model(x)) and torch.equal(target(x), plain(x))
+
+
+def test_quantized_target_refuses_what_load_state_dict_would_not_load(tmp_path: Path) -> None:
+    floats = tmp_path / "float.pt"
+    torch.save(_float_model().state_dict(), floats)
+    report = tg.graft(floats, _quantize(_float_model(seed=1)))
+    assert not report.ok and "0._packed_params._packed_params.0" in report.missing
+    assert "Graft into the float model, then quantize it" in report.reasons[
+        "0._packed_params._packed_params.0"]
+    wider = tmp_path / "wider.pt"
+    torch.manual_seed(0)
+    torch.save(_quantize(nn.Sequential(nn.Linear(8, 7), nn.ReLU(), nn.Linear(7, 3)))
+               .state_dict(), wider)
+    target = _quantize(_float_model(seed=1))
+    before = target.state_dict()["0._packed_params._packed_params"][0].int_repr().clone()
+    shaped = tg.graft(wider, target)
+    assert not shaped.ok and "(7, 8)" in shaped.reasons["0._packed_params._packed_params.0"]
+    assert torch.equal(target.state_dict()["0._packed_params._packed_params"][0].int_repr(),
+                       before)
+    with pytest.raises(tg.GraftError):
+        tg.graft(wider, _quantize(_float_model(seed=1)), strict=True)
 
 
 def test_quantized_module_source_grafts_into_float_model(

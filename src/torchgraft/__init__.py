@@ -32,6 +32,7 @@ from .errors import (
     UnknownFormatError,
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
+    UnsupportedModelError,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "UnsupportedModelError",
     "__version__",
     "convert",
     "diff",

@@ -130,8 +130,17 @@ class Checkpoint:
 
     @property
     def wrappers(self) -> list[Wrapper]:
-        """Training wrappers seen in the weight names (``module.``, ``_orig_mod.``, ``model.``)."""
-        return detect_wrappers(self._weights)
+        """Training wrappers seen in the weight names (``module.``, ``_orig_mod.``, ``model.``).
+
+        ``model.`` counts only inside a Lightning checkpoint: elsewhere it is a real module.
+        """
+        return detect_wrappers(self._weights, saved=self.saved_keys)
+
+    @property
+    def saved_keys(self) -> list[str]:
+        """The top-level keys of the saved object (``epoch``, ``state_dict``...), if a dict."""
+        root = self._contents.root
+        return [str(k) for k in root] if isinstance(root, dict) else []
 
     @property
     def raw_root(self) -> Any:
@@ -176,7 +185,12 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
         with reading(path), _naming(name):
             ref.read_into(out)
 
-    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span)
+    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
+        with reading(path), _naming(name):
+            ref.read_box(start, out)
+
+    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span,
+                     read_box=read_box)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,8 @@ import torch
 
 from .checkpoint import open as open_checkpoint
 from .containers import all_tensors
+from .errors import TorchgraftError
+from .graft.experts import per_expert
 from .graft.rules import RulesSpec, parse_rules, rename
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
@@ -125,7 +127,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             overwrite: bool = False, drop_extras: bool = False,
             max_shard_size: int | str | None = None, unsafe: bool = False,
             weights_key: str | None = None, component: str | None = None,
-            keep_wrappers: bool = False,
+            keep_wrappers: bool = False, experts: str | None = None, ranks: int | None = None,
             progress: Callable[[int, int], None] | None = None,
             follow_links: bool = False) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
@@ -152,8 +154,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         component: In a folder of several models (a diffusers pipeline, a sentence-
             transformers model), open this part alone (``"unet"``); all parts when ``None``.
         keep_wrappers: Keep the prefixes that DataParallel, DDP or torch.compile added to every
-            key (``module.``); by default they are removed, before ``rules``, so the file loads
-            into the bare model.
+            key (``module.``, ``_orig_mod.``; Lightning's ``model.`` inside a Lightning
+            checkpoint); by default they are removed, before ``rules``, so the file loads into
+            the bare model. A ``model.`` elsewhere is a real module and is kept.
+        experts: Write stacked mixture-of-experts parameters per expert, as the Hub stores
+            them: ``"per-expert"`` or ``"mixtral"`` (see :func:`torchgraft.save`).
+        ranks: For DCP: write the directory as this many ranks of an FSDP2 model save it
+            (each tensor's rows split as ``torch.chunk`` splits them, one file per rank), so
+            each rank of a model sharded that way reads one file.
         progress: Called with (tensors done, total).
         follow_links: Follow links out of the checkpoint's folder (links inside a recognised
             model store, such as the Hugging Face Hub cache, are followed anyway).
@@ -168,12 +176,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     fmt = resolve_format(destination, format, legacy=legacy)
     parsed = parse_rules(rules)
     cast_to = parse_dtype(dtype) if dtype else None
+    if ranks is not None and (fmt.writes != "dcp" or ranks < 1):
+        raise TorchgraftError(f"ranks={ranks}: a DCP directory is written for 1 or more ranks; "
+                              f"{fmt.writes} files are not split by rank", path=destination)
     with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key,
                          component=component, follow_links=follow_links) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
         refs = ckpt.tensor_refs()
-        prefix, bare = strip_wrappers(refs) if not keep_wrappers else ("", {n: n for n in refs})
+        prefix, bare = (strip_wrappers(refs, saved=ckpt.saved_keys) if not keep_wrappers
+                        else ("", {n: n for n in refs}))
         report.wrappers_removed = prefix
         for name, ref in refs.items():
             new, _rule = rename(bare[name], parsed)
@@ -183,6 +195,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             if new != bare[name]:
                 report.renamed[name] = new
             tensors[new] = ref
+        if experts is not None:
+            tensors = per_expert(tensors, experts)
         extras = {} if drop_extras else _extras(ckpt.raw_root, ckpt.weights_key,
                                                  {r.alias_key for r in refs.values()}, report)
         metadata = {}
@@ -190,7 +204,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             metadata = dict(ckpt.raw_root.get("__metadata__") or {})
         job = WriteJob(tensors, cast_to, metadata=metadata if fmt.writes == "safetensors"
                        else {}, extras=extras, weights_key=ckpt.weights_key.split(".")[0],
-                       legacy=legacy, progress=progress)
+                       legacy=legacy, ranks=ranks or 1, progress=progress)
         written = write_job(job, destination, format=fmt.writes, overwrite=overwrite,
                             max_shard_size=max_shard_size)
     report.written = [str(p) for p in written]

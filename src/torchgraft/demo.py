@@ -24,8 +24,16 @@ from torch import nn
 
 from .graft import GraftReport
 
-__all__ = ["Example", "GraftStep", "LeNet", "LeNetBN", "graft_tour", "plain_error",
-           "write_examples"]
+__all__ = ["MODELS_MODULE", "Example", "GraftStep", "LeNet", "LeNetBN", "SequentialLeNet",
+           "graft_tour", "plain_error", "write_examples"]
+
+#: ``mymodels.py``, written beside the examples: what the tour's ``--model mymodels:...``
+#: command lines build.
+MODELS_MODULE = '''"""The demo's models, for its command lines: --model mymodels:LeNet."""
+from torchgraft.demo import LeNet, LeNetBN, SequentialLeNet
+
+__all__ = ["LeNet", "LeNetBN", "SequentialLeNet"]
+'''
 
 
 class LeNet(nn.Module):
@@ -70,7 +78,7 @@ class LeNetBN(nn.Module):
         return logits
 
 
-def _sequential_lenet() -> nn.Module:
+def SequentialLeNet() -> nn.Module:
     """The same LeNet written as ``features``/``classifier``: no name in common."""
     return nn.Sequential(OrderedDict(
         features=nn.Sequential(nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
@@ -209,6 +217,7 @@ def write_examples(directory: Path) -> list[Example]:
     shutil.copyfile(str(resources.files("torchgraft") / "examples" / "lenet_bn.pdparams"),
                     d / "lenet_bn.pdparams")
     np.savez(d / "lenet.npz", **{k: v.numpy() for k, v in state.items()})
+    (d / "mymodels.py").write_text(MODELS_MODULE)
     with (d / "payload.pkl").open("wb") as f:
         pickle.dump({"conv1.weight": state["conv1.weight"].numpy(), "hook": _Payload()}, f)
     def load_into_lenet(path: Path, loader: Callable[[Path], object] = torch.load) -> object:
@@ -295,39 +304,46 @@ def graft_tour(directory: Path) -> list[GraftStep]:
     with resources.as_file(resources.files("torchgraft") / "examples" / "lenet_bn_io.npz") as f:
         paddle_io = np.load(f)
         paddle_x, paddle_logits = (torch.from_numpy(paddle_io[k]) for k in ("x", "logits"))
-    cases = [
+    variant = {"num_classes": 21, "in_chans": 4}
+    cases: list[tuple[str, str, str, str, dict[str, int], torch.Tensor, torch.Tensor, str]] = [
         ("DataParallel checkpoint saved on cuda:1 -> bare LeNet on this CPU",
          "strip 'module.' and map cuda:1 to the CPU, in one call",
-         "dataparallel_cuda1.pth", LeNet(), x, expected, "outputs equal the trained model's",
-         "LeNet()"),
+         "dataparallel_cuda1.pth", "LeNet", {}, x, expected, "outputs equal the trained model's"),
         ("pretrained LeNet -> a 4-channel, 21-class variant",
          "a new first conv and a new head; label_map keeps the 10 known classes",
-         "lenet.safetensors", LeNet(num_classes=21, in_chans=4), x_rgbd, expected,
-         "with the 4th channel zero, its first 10 logits equal the pretrained model's",
-         "LeNet(num_classes=21, in_chans=4)"),
+         "lenet.safetensors", "LeNet", variant, x_rgbd, expected,
+         "with the 4th channel zero, its first 10 logits equal the pretrained model's"),
         ("PaddlePaddle LeNet-BN .pdparams -> PyTorch", "PaddlePaddle weights to PyTorch",
-         "lenet_bn.pdparams", LeNetBN(), paddle_x, paddle_logits,
+         "lenet_bn.pdparams", "LeNetBN", {}, paddle_x, paddle_logits,
          "logits equal those Paddle computed (BatchNorm statistics renamed, Linear weights "
-         "transposed; paddle not needed)", "LeNetBN()"),
+         "transposed; paddle not needed)"),
         ("LeNet rewritten as nn.Sequential: no name in common",
-         "the layers were renamed", "whole_model.pt", _sequential_lenet(), x,
-         expected, "matched by structure; outputs equal the trained model's", "SequentialLeNet()"),
+         "the layers were renamed", "whole_model.pt", "SequentialLeNet", {}, x, expected,
+         "matched by structure; outputs equal the trained model's"),
     ]
     label_maps: dict[str, list[int]] = {"lenet.safetensors": list(range(10))}
+    factories: dict[str, Callable[..., nn.Module]] = {
+        "LeNet": LeNet, "LeNetBN": LeNetBN, "SequentialLeNet": SequentialLeNet}
     steps = []
-    for title, problem, file, model, inputs, reference, claim, built in cases:
-        model.eval()
+    for title, problem, file, factory, kwargs, inputs, reference, claim in cases:
+        model = factories[factory](**kwargs).eval()
         plain = plain_error(functools.partial(_plain_load, model, directory / file))
         report = graft(directory / file, model, label_map=label_maps.get(file))
         with torch.no_grad():
             outputs = model(inputs)[:, : reference.shape[1]]
         diff = float((outputs - reference).abs().max())
         passed = report.ok and diff <= 1e-4 * float(reference.abs().max())
+        built = f"{factory}({', '.join(f'{k}={v}' for k, v in kwargs.items())})"
         option = ", label_map=list(range(10))" if file in label_maps else ""
+        cli = f"torchgraft graft {file} --model mymodels:{factory}"
+        if kwargs:
+            cli += f" --model-kwargs '{json.dumps(kwargs)}'"
+        if file in label_maps:
+            cli += f" --label-map '{json.dumps(label_maps[file])}'"
         steps.append(GraftStep(
             title, problem, report, f"{claim}: max |diff| = {diff:.3g}", passed, plain,
             f'tg.graft("{file}", {built}{option})',
-            f"torchgraft graft {file} --model mymodels:{built.partition('(')[0]} --out out.pt"))
+            f"{cli} --out grafted_{Path(file).name.partition('.')[0]}.safetensors"))
     return steps
 
 

@@ -119,7 +119,8 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
     try:
         refs_a, refs_b = left.refs, right.refs
         if not keep_wrappers:
-            (prefix_a, bare_a), (prefix_b, bare_b) = strip_wrappers(refs_a), strip_wrappers(refs_b)
+            prefix_a, bare_a = strip_wrappers(refs_a, saved=left.saved_keys)
+            prefix_b, bare_b = strip_wrappers(refs_b, saved=right.saved_keys)
             if prefix_a or prefix_b:
                 report.wrappers = {"a": prefix_a, "b": prefix_b}
                 refs_a = {bare_a[k]: v for k, v in refs_a.items()}

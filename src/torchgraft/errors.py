@@ -19,6 +19,7 @@ __all__ = [
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
+    "UnsupportedModelError",
     "parse_errors",
     "reading",
 ]
@@ -96,6 +97,14 @@ class OutsideCheckpointError(CorruptCheckpointError):
 
 class UnsupportedCheckpointError(TorchgraftError):
     """The file is valid but holds something torchgraft does not read yet."""
+
+
+class UnsupportedModelError(TorchgraftError):
+    """The model holds something torchgraft cannot fill: a problem of the model, not the file.
+
+    For example a parameter that is a tensor subclass other than a DTensor, or a DTensor
+    placed ``Partial``.
+    """
 
 
 class UnsafeCheckpointError(TorchgraftError):

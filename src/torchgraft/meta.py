@@ -122,17 +122,23 @@ class TensorRef:
         span: Where the tensor's bytes lie in a file, contiguous and exactly as stored: a
             function giving ``(path, offset)`` (it may read a zip header), or ``None``. Writers
             copy such tensors file to file without reading them into memory.
+        read_box: A function filling a contiguous CPU tensor of :attr:`meta`'s dtype with the
+            block of the tensor that starts at the given index and has the tensor's shape,
+            reading only that block's bytes (:func:`torchgraft.io.boxes.box_reader`); ``None``
+            if the format cannot, and the whole tensor is read and cut.
     """
 
-    __slots__ = ("_read", "_read_into", "alias_key", "meta", "span")
+    __slots__ = ("_read", "_read_box", "_read_into", "alias_key", "meta", "span")
 
     def __init__(self, meta: TensorMeta, read: Callable[[], torch.Tensor],
                  read_into: Callable[[torch.Tensor], None] | None = None, *,
                  alias_key: Hashable | None = None,
-                 span: Callable[[], tuple[str, int]] | None = None) -> None:
+                 span: Callable[[], tuple[str, int]] | None = None,
+                 read_box: Callable[[tuple[int, ...], torch.Tensor], None] | None = None) -> None:
         self.meta = meta
         self._read = read
         self._read_into = read_into
+        self._read_box = read_box
         self.span = span
         #: Equal for references to the very same data (tied weights); by default a reference
         #: is only its own alias.
@@ -161,6 +167,37 @@ class TensorRef:
             self._read_into(out)
         else:
             out.copy_(self.read())
+
+    def read_box(self, start: tuple[int, ...], out: torch.Tensor) -> None:
+        """Copy the block of the tensor at index ``start``, of ``out``'s shape, into ``out``.
+
+        Where the format allows, only the block's bytes are read: a rank
+        filling its shard of a sharded model reads its rows, not the whole tensor.
+
+        Args:
+            start: The block's first index in each dimension.
+            out: The destination (any dtype or device); its shape is the block's.
+
+        Raises:
+            ValueError: If the block does not lie inside the tensor.
+        """
+        shape = self.meta.shape
+        if len(start) != len(shape) or out.dim() != len(shape) or any(
+                s < 0 or n < 0 or s + n > d for s, n, d in zip(start, out.shape, shape,
+                                                              strict=True)):
+            raise ValueError(f"block at {tuple(start)} of shape {tuple(out.shape)} does not lie "
+                             f"inside a {shape} tensor")
+        if self._read_box is None:
+            block = self.read()
+            for dim, (first, length) in enumerate(zip(start, out.shape, strict=True)):
+                block = block.narrow(dim, first, length)
+            out.copy_(block)
+        elif out.device.type == "cpu" and out.dtype == self.meta.dtype and out.is_contiguous():
+            self._read_box(tuple(start), out)
+        else:
+            staged = torch.empty(out.shape, dtype=self.meta.dtype)
+            self._read_box(tuple(start), staged)
+            out.copy_(staged)
 
     def __repr__(self) -> str:
         return f"TensorRef({self.meta.describe()}, saved on {self.meta.device})"

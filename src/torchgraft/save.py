@@ -17,6 +17,7 @@ from torch import nn
 
 from .atomic import alive, atomic_dir, atomic_path, clean_stale
 from .errors import CheckpointWriteError, TorchgraftError
+from .graft.experts import per_expert
 from .graft.source import open_source
 from .io import Format, WriteJob, formats
 from .meta import parse_dtype
@@ -278,7 +279,7 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
          format: str | None = None, legacy: bool = False,
          dtype: torch.dtype | str | None = None, overwrite: bool = False,
          metadata: Mapping[str, str] | None = None,
-         max_shard_size: int | str | None = None,
+         max_shard_size: int | str | None = None, experts: str | None = None,
          progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Save a model's or a state dict's weights so that they load anywhere.
 
@@ -299,6 +300,10 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
         overwrite: Replace an existing destination.
         metadata: String metadata for safetensors (and shard indexes).
         max_shard_size: Shard the weights (``"2GB"``, ``"500MiB"`` or bytes).
+        experts: Write stacked mixture-of-experts parameters (transformers 5's
+            ``experts.gate_up_proj``) per expert, as the Hub stores them: ``"per-expert"``
+            (``experts.3.gate_proj.weight``...) or ``"mixtral"`` (``block_sparse_moe.experts.3.
+            w1.weight``...); by default they are written as the model holds them.
         progress: Called with (tensors written, total).
 
     Returns:
@@ -313,7 +318,8 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
     source = open_source(obj)
     kinds = {name: info.kind for name, info in source.side.tensors.items()} \
         if source.module is not None else {}
-    job = WriteJob(source.refs, parse_dtype(dtype) if dtype else None,
+    refs = per_expert(source.refs, experts) if experts is not None else source.refs
+    job = WriteJob(refs, parse_dtype(dtype) if dtype else None,
                    metadata={str(k): str(v) for k, v in (metadata or {}).items()},
                    kinds=kinds, legacy=legacy, progress=progress)
     return write_job(job, path, format=format, overwrite=overwrite,

@@ -60,3 +60,41 @@ def test_export(run: Run, tmp_path: Path) -> None:
     bad = run("export", f"{tmp_path / 'mymodels.py'}:net", "--out", str(tmp_path / "x.onnx"),
               "--input-shape", "1,3,x")
     assert bad.returncode == 2
+
+
+def test_convert_to_dcp_for_ranks(run: Run, tmp_path: Path, model: SmallNet) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    src = tmp_path / "m.pth"
+    torch.save({"epoch": 2, "state_dict": model.state_dict()}, src)
+    result = run("convert", str(src), str(tmp_path / "ckpt"), "--ranks", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    expected = model.state_dict()
+    state = {"state_dict": {k: torch.empty_like(v) for k, v in expected.items()}, "epoch": 0}
+    dcp.load(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)  # torch reads it
+    assert_same_state(state["state_dict"], expected)
+    assert state["epoch"] == 2
+    wrong = run("convert", str(src), str(tmp_path / "m.safetensors"), "--ranks", "2")
+    assert wrong.returncode == 2 and "ranks=2" in wrong.stderr
+
+
+def test_convert_writes_stacked_experts_per_expert(run: Run, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    fused = {"layers.0.mlp.experts.gate_up_proj": torch.randn(3, 8, 5),
+             "layers.0.mlp.experts.down_proj": torch.randn(3, 5, 4),
+             "layers.0.mlp.gate.weight": torch.randn(3, 5)}
+    torch.save(fused, tmp_path / "fused.pt")
+    result = run("convert", str(tmp_path / "fused.pt"), str(tmp_path / "w1.safetensors"),
+                 "--experts", "mixtral")
+    assert result.returncode == 0, result.stderr
+    written = load_file(tmp_path / "w1.safetensors")
+    assert torch.equal(written["layers.0.block_sparse_moe.experts.2.w3.weight"],
+                       fused["layers.0.mlp.experts.gate_up_proj"][2, 4:])
+    assert torch.equal(written["layers.0.block_sparse_moe.gate.weight"],
+                       fused["layers.0.mlp.gate.weight"])
+    assert len(written) == 3 * 3 + 1
+    bad = run("convert", str(tmp_path / "fused.pt"), str(tmp_path / "x.safetensors"),
+              "--experts", "other")
+    assert bad.returncode == 2 and "per-expert" in bad.stderr

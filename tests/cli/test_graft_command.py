@@ -57,7 +57,15 @@ def test_graft_json_missing_and_strict_exit_1(run: Run, tmp_path: Path, setup: t
     models, ckpt, _ = setup
     args = ["graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
             '{"num_classes": 21}']
-    result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json")
+    refused = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json")
+    assert refused.returncode == 1 and not (tmp_path / "a.pt").exists()
+    data = json.loads(refused.stdout)
+    assert data["out"] is None and "--allow-incomplete" in data["error"]
+    plain = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt")
+    assert plain.returncode == 1 and not (tmp_path / "a.pt").exists()
+    assert "not saved to" in plain.stdout and "--allow-incomplete" in plain.stdout
+    result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json",
+                 "--allow-incomplete")
     assert result.returncode == 1
     data = json.loads(result.stdout)
     assert data["missing"] == ["fc.weight", "fc.bias"] and data["out"] == str(tmp_path / "a.pt")
@@ -104,3 +112,31 @@ def test_diff(run: Run, tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["values"] == {"w": 1.0} and data["only_in_a"] == ["v"]
     assert data["only_in_b"] == ["u"]
+
+
+GUESSING = '''
+from torch import nn
+def net():
+    m = nn.Sequential()
+    m.a = nn.LayerNorm(4)
+    m.b = nn.LayerNorm(4)
+    return m
+'''
+
+
+def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
+    """Two same-shape norms under names nothing relates: filled, but a guess (exit 3)."""
+    models = tmp_path / "guessing.py"
+    models.write_text(GUESSING)
+    source = nn.Sequential()
+    source.p = nn.LayerNorm(4)
+    source.r = nn.LayerNorm(4)
+    torch.save(source.state_dict(), tmp_path / "s.pt")
+    args = ["graft", str(tmp_path / "s.pt"), "--model", f"{models}:net"]
+    result = run(*args, "--out", str(tmp_path / "a.pt"))
+    assert result.returncode == 3, result.stderr
+    assert "graft UNVERIFIED" in result.stdout and "to settle them" in result.stdout
+    data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
+    assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
+    assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
+    assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import html
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +37,31 @@ def _run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
 
 
+def _library_graft(models: Path, ckpt: Path) -> tg.GraftReport:
+    """The library's report of the graft the CLI runs."""
+    sys.path.insert(0, str(models.parent))
+    try:
+        import longmodels
+
+        return tg.graft(ckpt, longmodels.long_names())
+    finally:
+        sys.path.remove(str(models.parent))
+        sys.modules.pop("longmodels", None)
+
+
+def _breakable(line: str) -> bool:
+    """Whether a line too long for 80 columns could have been wrapped (no word fills a line)."""
+    return max(len(word) for word in line.split()) < 80 - 12 - 3
+
+
+def _row(lines: list[str], start: int) -> str:
+    """A printed row with the lines it continues on (indented under its key), joined."""
+    end = start + 1
+    while end < len(lines) and lines[end].startswith(" " * 12):
+        end += 1
+    return " ".join(" ".join(lines[start:end]).split())
+
+
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "longmodels.py").write_text(MODELS)
@@ -58,13 +87,37 @@ def test_default_output_summarises_renames_and_fits_80_columns(
                   str(tmp_path / "out.pt"))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    too_long = [line for line in lines if len(line) > 80 and _breakable(line)]
+    assert not too_long  # only a key longer than a line stands alone, whole
     assert lines[0] == "graft ok: 48 loaded, 48 renamed, 2 reinitialised, 2 unused"
-    renamed = [line for line in lines if line.split()[:1] == ["wrapper"]]  # 'model.' removed
+    renamed = [_row(lines, i) for i, line in enumerate(lines)
+               if line.split()[:1] == ["wrapper"]]  # 'model.' removed
     assert len(renamed) == 1 and "48 keys" in renamed[0] and "--details" in renamed[0]
-    reinit = [line for line in lines if line.split()[:1] == ["reinit"]]
-    assert len(reinit) == 2 and all("..." in line for line in reinit)  # shortened, not wrapped
-    assert "classification_head_projection.weight" in reinit[0]
+    reinit = [i for i, line in enumerate(lines) if line.split()[:1] == ["reinit"]]
+    assert len(reinit) == 2 and "classification_head_projection.weight" in lines[reinit[0]]
+    # piped output is wrapped, never cut: the whole reason, continued under the key
+    report = _library_graft(models, ckpt)
+    reason = report.reinitialised["classification_head_projection.weight"]
+    row = _row(lines, reinit[0])
+    assert row.endswith(" ".join(reason.split()))
+
+
+def test_rows_are_cut_only_on_a_terminal() -> None:
+    from rich.console import Console
+
+    from torchgraft.cli.render import print_rows
+
+    rows = [("missing", "encoder." + "very_long_module_name." * 2 + "weight",
+             "a reason long enough to need more than one line at eighty columns: " * 3)]
+    for terminal, full in ((True, False), (True, True), (False, False)):
+        console = Console(width=80, force_terminal=terminal, no_color=True, record=True)
+        print_rows(console, rows, full=full)
+        text = console.export_text()
+        assert all(len(line) <= 80 for line in text.splitlines())
+        if terminal and not full:
+            assert len(text.splitlines()) == 1 and "..." in text
+        else:
+            assert " ".join(text.split()) == " ".join(f"missing {rows[0][1]} {rows[0][2]}".split())
 
 
 def test_details_lists_every_key_and_quiet_only_the_verdict(
@@ -74,7 +127,9 @@ def test_details_lists_every_key_and_quiet_only_the_verdict(
     details = _run(*base, "--out", str(tmp_path / "a.pt"), "--details")
     rows = [line for line in details.stdout.splitlines() if line.split()[:1] == ["wrapper"]]
     assert len(rows) == 48
-    assert all(len(line) <= 80 for line in details.stdout.splitlines())
+    assert not [line for line in details.stdout.splitlines()
+                if len(line) > 80 and _breakable(line)]
+    assert "..." not in details.stdout.replace("label_map=...", "")  # every key whole
     quiet = _run(*base, "--out", str(tmp_path / "b.pt"), "--quiet")
     assert quiet.returncode == 0 and len(quiet.stdout.splitlines()) == 1
     assert quiet.stderr == ""
@@ -84,14 +139,7 @@ def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) 
     models, ckpt = setup
     result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
                   str(tmp_path / "c.pt"), columns=200)
-    sys.path.insert(0, str(models.parent))
-    try:
-        import longmodels
-
-        report = tg.graft(ckpt, longmodels.long_names())
-    finally:
-        sys.path.remove(str(models.parent))
-        sys.modules.pop("longmodels", None)
+    report = _library_graft(models, ckpt)
     assert result.stdout.splitlines()[0] == report.headline() == str(report).splitlines()[0]
 
 
@@ -126,26 +174,51 @@ def _browser() -> str | None:
                                                          "google-chrome")) if p), None)
 
 
-def test_html_report_in_a_real_browser(tmp_path: Path) -> None:
-    """Headless Chromium opens the page of a real graft; its DOM and a screenshot are checked."""
+def test_html_report_in_a_real_browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headless Chromium opens the page of the README's graft: DOM, search and a screenshot.
+
+    ``TORCHGRAFT_SCREENSHOT=docs/images/graft-report.png`` regenerates the README's picture.
+    """
     browser = _browser()
     if browser is None:
         pytest.skip("no Chromium here (Debian: apt-get install chromium)")
-    from tests.models import ResNet18, pretrained_resnet18
+    from tests.test_readme import readme_blocks, shown_output
 
-    source = pretrained_resnet18(num_classes=1000)
-    path = tmp_path / "resnet.pt"
-    torch.save({"model": nn.DataParallel(source).state_dict()}, path)
-    report = tg.graft(path, ResNet18(num_classes=10, in_chans=4))
+    setup, blocks = readme_blocks()
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"__name__": "readme"}
+    exec(compile(setup, "README.md:setup", "exec"), namespace)
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(blocks[0], "README.md:python block 1", "exec"), namespace)
+    report = namespace["report"]
+    assert isinstance(report, tg.GraftReport)
     page = report.to_html(tmp_path / "report.html")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--window-size=1400,1000"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True,
-                         text=True, timeout=120)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "graft ok" in dom.stdout and "model: 122 tensors" in dom.stdout
-    assert 'data-kind="adapted"' in dom.stdout and 'data-kind="reinitialised"' in dom.stdout
-    shot = Path(os.environ.get("TORCHGRAFT_SCREENSHOT", tmp_path / "report.png"))
+
+    def dom(query: str = "") -> str:
+        result = subprocess.run([*flags, "--dump-dom", page.as_uri() + query],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    shown = dom()
+    headline = re.search(r"<h1>(.*?)</h1>", shown)
+    assert headline is not None
+    assert re.sub(r"<[^>]+>", "", headline[1]) == shown_output(blocks[0])  # README's headline
+    assert "model: 122 tensors" in shown and 'id="search"' in shown
+    assert "outputs not compared" in shown
+    assert 'data-kind="adapted"' in shown and 'data-kind="reinitialised"' in shown
+    assert "(64, 4, 7, 7) float32" in shown and "(64, 3, 7, 7) float32" in shown  # both sides
+    reason = html.escape(report.reinitialised["fc.weight"], quote=False)
+    assert f"<div class=\"why\">{reason}</div>" in shown  # visible, not only on hover
+    assert '<span class="e">name</span>' in shown  # each key's evidence
+    searched = dom("?q=layer4.1.conv2")
+    rows = re.findall(r'<div class="t [^"]*"[^>]*>', searched)
+    visible = [r for r in rows if " hidden" not in r]
+    assert len(rows) == 244 and len(visible) == 2
+    assert all("layer4.1.conv2.weight" in r for r in visible)
+    shot = Path(os.environ.get("TORCHGRAFT_SCREENSHOT", tmp_path / "report.png")).absolute()
     taken = subprocess.run([*flags, f"--screenshot={shot}", page.as_uri()],
                            capture_output=True, text=True, timeout=120)
     assert taken.returncode == 0, taken.stderr[-2000:]

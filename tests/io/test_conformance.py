@@ -56,8 +56,10 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def key(fmt: Format) -> str:
-    """A registered format's name in this battery (``numpy/.npz``: two formats share a name)."""
-    return f"{fmt.name}/{fmt.suffixes[0]}" if fmt.suffixes else fmt.name
+    """A registered format's name in this battery (``numpy/.npz``: formats share names)."""
+    if fmt.suffixes:
+        return f"{fmt.name}/{fmt.suffixes[0]}"
+    return f"{fmt.name}/folder" if fmt.claims_directory is not None else fmt.name
 
 
 #: Builds a real file: (what to open, the file whose bytes are damaged).
@@ -106,6 +108,19 @@ def _copy(fixture: str, target: str) -> Seed:
     return build
 
 
+def _copy_file(fixture: str) -> Seed:
+    def build(folder: Path) -> tuple[Path, Path]:
+        path = folder / Path(fixture).name
+        shutil.copy(FIXTURES / fixture, path)
+        return path, path
+    return build
+
+
+def _onnx(path: Path) -> None:
+    torch.manual_seed(0)
+    torch.onnx.export(_Net(), (torch.randn(1, 3, 5, 5),), str(path), dynamo=False)
+
+
 SEEDS: dict[str, Seed] = {
     "torch-legacy": _file("legacy.pth", lambda p: torch.save(
         _state(), p, _use_new_zipfile_serialization=False)),
@@ -117,9 +132,17 @@ SEEDS: dict[str, Seed] = {
     "safetensors/.safetensors": _file("m.safetensors", lambda p: save_file(_state(), p)),
     "paddle/.pdparams": _file("m.pdparams", _paddle),
     "sharded/.index.json": _sharded,
-    "dcp": _dcp,
-    "deepspeed": _copy("deepspeed/zero1", "step1/mp_rank_00_model_states.pt"),
-    "components": _copy("sentence-transformers/st", "modules.json"),
+    "dcp/folder": _dcp,
+    "deepspeed/folder": _copy("deepspeed/zero1", "step1/mp_rank_00_model_states.pt"),
+    "components/folder": _copy("sentence-transformers/st", "modules.json"),
+    # Written by the frameworks' own save functions (scripts/make_framework_fixtures.py).
+    "keras/.keras": _copy_file("frameworks/keras/cnn.keras"),
+    "keras/.h5": _copy_file("frameworks/keras/cnn.weights.h5"),
+    "mlx": _copy_file("frameworks/mlx/cnn.safetensors"),
+    "mlx/folder": _copy("frameworks/mlx/llama_q4", "model.safetensors.index.json"),
+    "gguf/.gguf": _copy_file("frameworks/gguf/llama_mixed.gguf"),
+    "onnx/.onnx": _file("m.onnx", _onnx),
+    "flax/.msgpack": _copy_file("frameworks/flax/cnn.msgpack"),
 }
 
 

@@ -29,6 +29,10 @@ __all__ = ["convert_command"]
 @click.option("--max-shard-size", default=None, help="Shard the output, e.g. 2GB.")
 @click.option("--keep-wrappers", is_flag=True,
               help="Keep the 'module.' / '_orig_mod.' prefixes (removed by default).")
+@click.option("--experts", type=click.Choice(["per-expert", "mixtral"]), default=None,
+              help="Write stacked MoE experts one per expert, as the Hub stores them.")
+@click.option("--ranks", type=click.IntRange(min=1), default=None,
+              help="DCP: write as this many FSDP ranks save it (rows split, a file per rank).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let SRC's pickle run code. Trusted files only.")
 @source_options
@@ -36,8 +40,9 @@ __all__ = ["convert_command"]
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, legacy: bool,
                     rules: Path | None, drop_extras: bool, max_shard_size: str | None,
-                    keep_wrappers: bool, overwrite: bool, unsafe: bool, weights_key: str | None,
-                    component: str | None, follow_links: bool, quiet: bool,
+                    keep_wrappers: bool, experts: str | None, ranks: int | None,
+                    overwrite: bool, unsafe: bool,
+                    weights_key: str | None, component: str | None, follow_links: bool, quiet: bool,
                     as_json: bool) -> int:
     """Convert checkpoint SRC (any format) to DST, one tensor in memory at a time.
 
@@ -51,6 +56,7 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
         report = convert(src, dst, format=fmt, dtype=dtype, legacy=legacy, rules=rules,
                          drop_extras=drop_extras, max_shard_size=max_shard_size,
                          overwrite=overwrite, unsafe=unsafe, keep_wrappers=keep_wrappers,
+                         ranks=ranks, experts=experts,
                          weights_key=weights_key, component=component,
                          follow_links=follow_links,
                          progress=lambda done, total: bar.update(task, completed=done,

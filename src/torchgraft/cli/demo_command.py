@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +28,16 @@ if TYPE_CHECKING:  # torch is imported when the command runs, not to list or com
 
 __all__ = ["demo"]
 
-INTRO = (
-    "torchgraft gets any PyTorch checkpoint into any model: from whatever device it was saved "
-    "on, through whatever wrapper, from any PyTorch version or another framework, into the "
-    "same or a modified architecture. It reads every common format safely (nothing in a file "
-    "runs) and reports every key. This tour writes ten real checkpoints, tries each the plain "
-    "PyTorch way, then lets torchgraft open it and graft it into models that differ.")
+def intro(opened: int, grafted: int) -> str:
+    """The tour's first paragraph, announcing as many problems as it shows."""
+    return (
+        "torchgraft gets any PyTorch checkpoint into any model: from whatever device it was "
+        "saved on, through whatever wrapper, from any PyTorch version or another framework, "
+        "into the same or a modified architecture. It reads every common format safely "
+        "(nothing in a file runs) and reports every key. This tour shows "
+        f"{opened + grafted} problems: it writes {opened} real checkpoints, tries each the "
+        f"plain PyTorch way and lets torchgraft open it, then makes {grafted} grafts into "
+        "models that differ.")
 
 
 def _open_example(example: Example) -> dict[str, Any]:
@@ -69,7 +74,8 @@ def _did(item: dict[str, Any]) -> str:
     parts = [f"{plural(item['loaded_tensors'], 'tensor')} on {', '.join(item['loaded_on'])}"]
     if info.saved_devices != ["cpu"]:
         parts.append(f"saved on {', '.join(info.saved_devices)}")
-    parts += [f"'{w.prefix}' removed" for w in info.wrappers]
+    parts += [f"names keep the '{w.prefix}' of {w.source} (tg.graft and tg.convert remove it)"
+              for w in info.wrappers]
     if info.weights_key:
         parts.append(f"weights under '{info.weights_key}'")
     if info.model_class:
@@ -79,21 +85,25 @@ def _did(item: dict[str, Any]) -> str:
 
 
 def _labelled(console: Console, rows: list[tuple[str, str]]) -> None:
-    """``label  text`` lines: prose cut at the terminal's width, code ("do it") whole."""
+    """``label  text`` lines: prose cut at a terminal's width, wrapped when piped; code whole."""
     width = max(console.width - 14, 30)
     for label, text in rows:
         style = {"PyTorch": "red", "torchgraft": "green", "passed": "green",
                  "FAILED": "red"}.get(label, "cyan")
         text = one_line(text)
+        lines = [text]
         if label not in ("do it", "") and len(text) > width:
-            text = text[:width - 3] + "..."
-        console.print(f"  [{style}]{label:<10}[/{style}]  {escape(text)}", highlight=False,
+            lines = [text[:width - 3] + "..."] if console.is_terminal else textwrap.wrap(
+                text, width=width, break_long_words=False, break_on_hyphens=False)
+        console.print(f"  [{style}]{label:<10}[/{style}]  {escape(lines[0])}", highlight=False,
                       soft_wrap=True)
+        for more in lines[1:]:
+            console.print(f"{'':14}{escape(more)}", highlight=False, soft_wrap=True)
 
 
 def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[GraftStep],
                 kept: Path | None) -> None:
-    console.print(INTRO, highlight=False)
+    console.print(intro(len(opened), len(grafts)), highlight=False)
     console.print()
     console.print("[bold]Part 1: open any checkpoint[/bold]")
     for number, item in enumerate(opened, start=1):
@@ -134,8 +144,8 @@ def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[Gra
                  "the docs, a page per task: docs/index.md"):
         console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
     if kept is not None:
-        console.print(f"\nThe example files are kept in {escape(str(kept))}", highlight=False,
-                      soft_wrap=True)
+        console.print(f"\nThe example files are kept in {escape(str(kept))}, with mymodels.py: "
+                      "run the command lines above there.", highlight=False, soft_wrap=True)
     else:
         console.print("\nThe example files were written to a temporary folder, now removed; "
                       "--keep DIR keeps them.", highlight=False)
@@ -146,7 +156,7 @@ def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[Gra
               help="Write the example checkpoints into DIR and keep them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def demo(keep: Path | None, as_json: bool) -> int:
-    """A guided tour: ten checkpoint problems, the plain PyTorch error, and the fix.
+    """A guided tour: fourteen checkpoint problems, the plain PyTorch error, and the fix.
 
     Every file is read without running code from it and loaded on this machine's CPU,
     whatever device it was saved on; then checkpoints go into models that differ from them.

@@ -55,5 +55,5 @@ def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: b
             shown += group if details else group[:SHOWN]
             if not details and len(group) > SHOWN:
                 shown.append((kind, f"... {len(group) - SHOWN} more", "(--details lists all)"))
-        print_rows(console, shown)
+        print_rows(console, shown, full=details)
     return 0 if report.identical else 1

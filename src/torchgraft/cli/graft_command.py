@@ -57,6 +57,8 @@ def _label_map(text: str | None) -> LabelMap | None:
                    "for model row i, null for a new row) or {model_row: checkpoint_row}.")
 @click.option("--no-adapt", is_flag=True, help="Copy exact shapes only.")
 @click.option("--strict", is_flag=True, help="Fail if any key is missing or unused.")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Save --out even when the graft is not ok (keys missing, outputs differ).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
@@ -68,14 +70,17 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path,
                   rules: Path | None, match: str, init: str, label_map: str | None,
-                  no_adapt: bool, strict: bool,
+                  no_adapt: bool, strict: bool, allow_incomplete: bool,
                   overwrite: bool, unsafe: bool, weights_key: str | None,
                   component: str | None, follow_links: bool, html_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
-    Exit codes: 0 every model key was filled, 1 keys are missing (or --strict failed),
-    2 bad input.
+    Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
+    equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
+    key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
+    An incomplete or diverged graft saves nothing unless --allow-incomplete; an unverified one
+    is saved (exit 3).
     """
     from ..graft import GraftError, graft
     from ..save import resolve_format, save
@@ -99,6 +104,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, str(exc)
+        if failed is None and not report.complete and not allow_incomplete:
+            failed = (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
+                      "--allow-incomplete saves it anyway")
         if failed is None:
             bar.update(task, description="saving", completed=0, total=None)
             save(model, out, overwrite=overwrite,
@@ -109,14 +117,20 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         print_json(console, {**report.to_dict(), "out": None if failed else str(out),
                              "html": None if html_path is None else str(html_path),
                              "error": failed})
-        return 0 if report.ok and failed is None else 1
+        return _exit_code(report, failed)
     print_report(console, report, details=details, quiet=quiet)
     if failed:
         console.print(f"[red]{safe_text(failed)}[/red]")
     elif not quiet:
-        room = max(console.width - 14, 20)
-        console.print(f"saved {escape(shorten(one_line(str(out)), room))}", highlight=False)
+        room = max(console.width - 14, 20) if console.is_terminal else 1 << 16
+        console.print(f"saved {escape(shorten(one_line(str(out)), room))}", highlight=False,
+                      soft_wrap=True)
         if html_path is not None:
             console.print(f"report page {escape(shorten(one_line(str(html_path)), room))}",
-                          highlight=False)
-    return 0 if report.ok and failed is None else 1
+                          highlight=False, soft_wrap=True)
+    return _exit_code(report, failed)
+
+
+def _exit_code(report: GraftReport, failed: str | None) -> int:
+    """The verdict's exit code (0, 1, 3, 4); 1 when a strict graft failed on an ok verdict."""
+    return 1 if failed is not None and report.ok else report.exit_code

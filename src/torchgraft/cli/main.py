@@ -2,8 +2,9 @@
 
 Exit codes: 0 ok, 1 the work is incomplete (a graft left keys missing, a diff found
 differences), 2 bad input (missing file, unknown format, corrupt or unsafe file, bad
-arguments). Errors are one line on stderr naming the file; ``--debug`` (anywhere on the line)
-adds the traceback.
+arguments), 3 a graft is unverified (some keys were guessed among same-shape candidates),
+4 a graft diverged (outputs compared and differ). Errors are one line on stderr naming the
+file; ``--debug`` (anywhere on the line) adds the traceback.
 
 Commands are imported when they run, not to list them: ``torchgraft --help``, ``--version``
 and tab completion never import torch.
@@ -41,7 +42,8 @@ COMMANDS = {
     "export": ("export_command", "export_command",
                "Build MODULE:FACTORY, graft --checkpoint into it, and export it to ONNX."),
     "demo": ("demo_command", "demo",
-             "A guided tour: ten checkpoint problems, the plain PyTorch error, and the fix."),
+             "A guided tour: fourteen checkpoint problems, the plain PyTorch error, and the "
+             "fix."),
 }
 
 
@@ -80,7 +82,12 @@ class LazyGroup(click.Group):
                                             "the line).")
 @click.version_option(__version__, prog_name="torchgraft")
 def cli(debug: bool) -> None:
-    """Get any PyTorch checkpoint into any model."""
+    r"""Get any PyTorch checkpoint into any model.
+
+    \b
+    Exit codes: 0 ok, 1 incomplete (keys missing, differences found), 2 bad input,
+    3 unverified (a graft guessed some keys), 4 diverged (a graft's outputs differ).
+    """
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
 

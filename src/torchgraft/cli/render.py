@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -66,8 +67,9 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
     room = max(console.width - 17, 30)
     for key, value in facts:
         text = one_line(str(value))
-        text = text if len(text) <= room else text[:room - 3] + "..."
-        console.print(f"  [cyan]{key:>13}[/cyan]  {escape(text)}", highlight=False)
+        text = text if len(text) <= room or not console.is_terminal else text[:room - 3] + "..."
+        console.print(f"  [cyan]{key:>13}[/cyan]  {escape(text)}", highlight=False,
+                      soft_wrap=not console.is_terminal)
     if len(info.by_dtype) > 1:
         for name, totals in info.by_dtype.items():
             console.print(f"  {'':>13}  {name}: {plural(totals.tensors, 'tensor')}, "
@@ -145,29 +147,51 @@ def extras_tree(extras: dict[str, Any]) -> list[str]:
     return lines
 
 
-_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta"}
+_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta",
+                 "guess": "yellow", "surplus": "yellow"}
 #: Row statuses that only say how a key was matched: summarised unless --details.
-_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure")
+_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure", "base")
 
 
-def print_rows(console: Console, rows: list[tuple[str, str, str]]) -> None:
-    """Print (status, key, detail) rows, one line each, fitted to the terminal's width.
+def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
+               full: bool = False) -> None:
+    """Print (status, key, detail) rows fitted to the width: cut on a terminal, else wrapped.
 
-    Keys and details are shortened in the middle, never wrapped, so 80 columns read well.
+    On a terminal, without ``full``, keys and details are shortened in the middle so that 80
+    columns read well. Piped or logged output (or ``full``, the CLI's ``--details``) keeps every
+    word: a row longer than the width is wrapped, continuing under its key, and a key is
+    never broken.
 
     Args:
         console: Where to print.
         rows: The rows.
+        full: Never shorten, also on a terminal.
     """
     width = max(console.width, 40)
+    cut = console.is_terminal and not full
     for state, key, detail in rows:
-        room = width - 13
-        key_room = min(len(key), max(room * 2 // 3, room - len(detail) - 2))
-        shown_key = shorten(one_line(key), key_room)
-        shown_detail = shorten(one_line(detail), room - len(shown_key) - 2)
         style = _STATUS_STYLE.get(state, "cyan")
-        line = f"  [{style}]{state:<9}[/{style}] {escape(shown_key)}  {escape(shown_detail)}"
-        console.print(line.rstrip(), highlight=False, soft_wrap=True)
+        label = f"  [{style}]{state:<9}[/{style}] "
+        if cut:
+            room = width - 13
+            key_room = min(len(key), max(room * 2 // 3, room - len(detail) - 2))
+            shown_key = shorten(one_line(key), key_room)
+            shown_detail = shorten(one_line(detail), room - len(shown_key) - 2)
+            line = f"{label}{escape(shown_key)}  {escape(shown_detail)}"
+            console.print(line.rstrip(), highlight=False, soft_wrap=True)
+            continue
+        key, detail = one_line(key), one_line(detail)
+        if 12 + len(key) + 2 + len(detail) <= width:
+            console.print(f"{label}{escape(key)}  {escape(detail)}".rstrip(), highlight=False,
+                          soft_wrap=True)
+            continue
+        lines = [key, *textwrap.wrap(detail, width=width - 12, break_long_words=False,
+                                     break_on_hyphens=False)] if len(key) > (width - 12) // 2 \
+            else textwrap.wrap(f"{key}  {detail}", width=width - 12, break_long_words=False,
+                               break_on_hyphens=False)
+        console.print(f"{label}{escape(lines[0])}", highlight=False, soft_wrap=True)
+        for more in lines[1:]:
+            console.print(f"{'':12}{escape(more)}", highlight=False, soft_wrap=True)
 
 
 def summarised(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
@@ -196,7 +220,7 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
         quiet: Print the headline only.
     """
     head = report.headline()
-    colour = "green" if report.ok else "red"
+    colour = "green" if report.ok else "yellow" if report.complete else "red"
     console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False)
     if quiet:
         return
@@ -205,6 +229,9 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
     if report.divergence:
         console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
     for warning in report.warnings:
-        console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}")
+        console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}", highlight=False)
+    if report.settle():
+        console.print(f"  [yellow]unverified[/yellow]: {safe_text(report.settle())}",
+                      highlight=False)
     rows = report.lines()
-    print_rows(console, rows if details else summarised(rows))
+    print_rows(console, rows if details else summarised(rows), full=details)

@@ -3,23 +3,36 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
+from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
+from ..gcpause import paused_gc
 from .adapt import Init, LabelMap, RotaryPermute
+from .adapters import (
+    adapter_keys,
+    modules_to_save_layout,
+    refuse_plain_target,
+    scope_to_adapter,
+)
+from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
+from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
+from .html import describe
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
 from .plan import Match, Plan, build_plan
+from .quantized_target import graft_quantized
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
 from .sides import module_side, quantized_modules, state_tensors, unwrap
-from .source import SourceLike, open_source
+from .source import GraftSource, SourceLike, open_source
 from .verify import compare
 
 __all__ = ["Verify", "graft"]
@@ -30,6 +43,7 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 
+@paused_gc()
 def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           match: Match = "auto", adapt: bool = True, init: Init = "keep", strict: bool = False,
           example_inputs: Any = None, source_inputs: Any = None, verify: Verify = "auto",
@@ -98,31 +112,46 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         raise TorchgraftError(f"init={init!r}: use 'keep', 'normal' or 'zeros'")
     if verify not in (True, False, "auto"):
         raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
+    source, model, swapped = _in_order(source, model)
     source_inputs = example_inputs if source_inputs is None else source_inputs
     if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
         raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
-    _refuse_quantized(target)
+    state = state_tensors(target)  # one walk of a large model's state dict, shared below
+    if quantized_modules(target, state):
+        return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
+                                           component=component, follow_links=follow_links),
+                               target, strict=strict)
     on_meta = has_meta(target)
-    warnings = []
+    warnings = [swapped] if swapped else []
     if on_meta and init == "keep":
         init = "normal"
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
-    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs)
+    sharded = sharded_targets(target, state)
+    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
+                              tensors=state)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key, component=component,
                          follow_links=follow_links)
     assigned: set[str] = set()
     try:
+        scope = _adapter_scope(opened, target, target_side.tensors)
         source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
+        experts = add_experts(source_side, opened.refs, target_side)
+        source_side = experts.side
+        derived = {v.name: v.why for v in virtual} | {
+            name: why for name, (_parts, why) in experts.virtual.items()}
+        saved_copies = modules_to_save_layout(list(target_side.tensors)) if scope else None
         try:
             plan = build_plan(source_side, target_side, rules=parse_rules(rules),
-                              layouts=layouts_for(source_side, target_side), match=match,
-                              adapt=adapt, init=init, label_map=label_map,
-                              derived={v.name: v.why for v in virtual})
+                              layouts=layouts_for(source_side, target_side)
+                              + expert_layouts(source_side, target_side)
+                              + ([saved_copies] if saved_copies else []), match=match,
+                              adapt=adapt, init=init, label_map=label_map, derived=derived)
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
+        explain(plan, experts)
         plan.warnings[:0] = warnings
         if on_meta:
             where = torch.device(device) if device is not None else default_device(target)
@@ -130,14 +159,26 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                 k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
             as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
                          if not s.ops and not s.cast and where.type == "cpu"}
-            assigned = materialise(target, [s.target for s in plan.steps], where,
-                                   zeroed=zeroed, values=as_stored)
-        state = state_tensors(target)
-        execute_plan(plan, opened.refs, state, progress=progress, assigned=assigned)
+            filled = [s.target for s in plan.steps]
+            assigned = materialise(target, [k for k in filled if k not in sharded], where,
+                                   zeroed=[k for k in zeroed if k not in sharded],
+                                   values=as_stored, state=state)
+            if sharded:
+                materialise_sharded(target, sharded, [*filled, *zeroed],
+                                    where if device is not None else None)
+        if sharded:
+            fill_sharded(plan, opened.refs, sharded)
+            state = state_tensors(target)  # materialise updated ``state``; DTensors anew
+        execute_plan(plan, opened.refs, state, progress=progress,
+                     assigned=assigned | set(sharded))
     finally:
         opened.close()
     report = GraftReport.from_plan(plan, targets=target_side.tensors,
                                    sources=source_side.tensors)
+    report.shapes = {**{k: describe(i) for k, i in target_side.tensors.items()},
+                     **{f"checkpoint:{k}": describe(i) for k, i in source_side.tensors.items()}}
+    if scope is not None:
+        scope_to_adapter(report, scope)
     for key in still_on_meta(target) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
@@ -152,18 +193,56 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     return report
 
 
-def _refuse_quantized(target: nn.Module) -> None:
-    """A quantized model keeps packed weights that graft cannot fill one tensor at a time."""
-    found = quantized_modules(target)
-    if found:
-        path, cls = next(iter(found.items()))
-        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-        raise TorchgraftError(
-            f"Cannot graft into '{path or type(target).__name__}' ({cls}){more}: a quantized "
-            "module packs its weights with their quantizer, so they cannot be filled tensor by "
-            "tensor. Graft into the float model, then quantize it (torch.ao.quantization's "
-            "quantize_dynamic or convert); a quantized checkpoint grafts into a float model, "
-            "dequantized.")
+def _adapter_scope(opened: GraftSource, target: nn.Module,
+                   keys: Iterable[str]) -> set[str] | None:
+    """A PEFT adapter's graft is about the model's adapter keys; a model without any refuses it.
+
+    Returns:
+        The target's adapter keys when the source is an adapter, else ``None``.
+    """
+    if opened.adapter is None:
+        return None
+    scope = adapter_keys(target, list(keys))
+    if scope is None:
+        raise refuse_plain_target(opened.adapter, str(opened.adapter.folder))
+    return scope
+
+
+def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
+    """``(source, model)``, accepting ``graft(model, checkpoint)`` when that is unambiguous.
+
+    ``safetensors.torch.load_model(model, file)`` takes the model first; when the model is
+    given first and the checkpoint is not a module, the two can only be swapped.
+
+    Returns:
+        The source, the model, and a warning when they were swapped (``""`` otherwise).
+
+    Raises:
+        TorchgraftError: If ``model`` is not an ``nn.Module`` either way.
+    """
+    if isinstance(model, nn.Module):
+        return source, model, ""
+    if isinstance(source, nn.Module) and isinstance(model, (str, os.PathLike, Mapping,
+                                                            Checkpoint)):
+        warning = ("the arguments came as graft(model, checkpoint); the order is "
+                   "tg.graft(checkpoint, model) (the model is filled in place either way)")
+        logger.warning("%s", warning)
+        return model, source, warning
+    raise TorchgraftError(
+        f"tg.graft(source, model): the model must be an nn.Module, got a "
+        f"{type(model).__name__}; the checkpoint (a path, a state dict, a module or a "
+        "tg.open() result) comes first, the model second")
+
+
+def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> GraftReport:
+    """A quantized model takes the same quantized architecture's checkpoint, as stored."""
+    try:
+        report = graft_quantized(opened.refs, target)
+    finally:
+        opened.close()
+    if strict and not report.clean:
+        raise GraftError(report)
+    return report
 
 
 def _meta_inputs(inputs: Any) -> Any:
@@ -177,9 +256,10 @@ def _meta_inputs(inputs: Any) -> Any:
 
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
-    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split")) for text in
+    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
+                                       "unstacked")) for text in
                       report.adapted.values())
-    return layout_only and report.ok and not report.reinitialised
+    return layout_only and report.complete and not report.reinitialised
 
 
 def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Module,
@@ -191,3 +271,5 @@ def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Modul
     if result.divergence is not None:
         report.divergence = (f"{result.divergence}; outputs differ by {result.max_abs_diff:.3g} "
                              f"(tolerance {result.tolerance:.3g})")
+    else:
+        report.mark_verified()

@@ -5,24 +5,19 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Collection
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import torch
 
 from ..meta import TensorRef
-from .adapt import fresh_values
+from .adapt import Derived, fresh_values
 from .plan import Plan
+from .reads import plan_read, read_all
 from .staging import StagedFiller
 
 __all__ = ["READERS", "execute_plan"]
 
 #: Threads reading plain copies at once.
 READERS = min(4, os.cpu_count() or 1)
-
-
-def _read_into(ref: TensorRef, out: torch.Tensor) -> None:
-    with torch.no_grad():  # grad mode is per thread
-        ref.read_into(out)
 
 logger = logging.getLogger("torchgraft")
 
@@ -33,9 +28,10 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
     """Fill the target tensors in place; give re-initialised ones fresh values.
 
     A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
-    the parameter's memory, so no second copy of the weights ever exists. Plain copies run
-    in a few threads (:data:`READERS`): reads release the GIL, so tensors, and the shards of
-    a sharded checkpoint, are read in parallel where the storage allows. Tensors on an
+    the parameter's memory, so no second copy of the weights ever exists. Plain copies are
+    read in runs of neighbouring byte ranges, one ``preadv`` per run, dealt into batches for
+    a few threads (:data:`READERS`; :mod:`~torchgraft.graft.reads`): reads release the GIL,
+    so tensors, and the shards of a sharded checkpoint, are read in parallel. Tensors on an
     accelerator go through pinned staging buffers, each read overlapping the previous
     copy (:class:`~torchgraft.graft.staging.StagedFiller`). Adapted tensors are filled one at
     a time.
@@ -45,21 +41,20 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         refs: Source key to lazy tensor.
         targets: Target key to the model's parameter or buffer (filled in place).
         progress: Called with (tensors done, total) after each tensor.
-        assigned: Target keys already holding their checkpoint values (on a meta model).
+        assigned: Target keys already holding their checkpoint values (on a meta model, or
+            the shards of a sharded model); they are neither read nor re-initialised here.
     """
     done = 0
 
-    def tick() -> None:
+    def tick(count: int = 1) -> None:
         nonlocal done
-        done += 1
+        done += count
         if progress is not None:
             progress(done, len(plan.steps))
 
     plain = [s for s in plan.steps if not s.ops and s.target not in assigned]
-    on_host = [s for s in plain if targets[s.target].device.type == "cpu"]
     fillers: dict[torch.device, StagedFiller] = {}
-    with torch.no_grad(), ThreadPoolExecutor(max(1, min(READERS, len(on_host)))) as pool:
-        reads = [pool.submit(_read_into, refs[s.source], targets[s.target]) for s in on_host]
+    with torch.no_grad():
         for step in plain:  # bound for an accelerator: through pinned staging buffers
             out = targets[step.target]
             if out.device.type != "cpu":
@@ -72,17 +67,20 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         for step in plan.steps:
             if step.ops and step.target not in assigned:
                 out = targets[step.target]
-                tensor = refs[step.source].read()
-                for op in step.ops:
-                    tensor = op.apply(tensor, out.detach().cpu())
-                out.copy_(tensor)
+                if not step.cast and all(isinstance(op, Derived) for op in step.ops):
+                    refs[step.source].read_into(out)  # stacked experts: each into its slice
+                else:
+                    tensor = refs[step.source].read()
+                    for op in step.ops:
+                        tensor = op.apply(tensor, out.detach().cpu())
+                    out.copy_(tensor)
                 logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
             if step.ops or step.target in assigned:
                 tick()
-        for future in as_completed(reads):
-            future.result()
-            tick()
+        read_all([plan_read(s.source, refs[s.source], targets[s.target]) for s in plain
+                  if targets[s.target].device.type == "cpu"], threads=READERS,
+                 done=tick)
         if plan.init != "keep":
-            for key in plan.reinitialised:
+            for key in [k for k in plan.reinitialised if k not in assigned]:
                 out = targets[key]
                 out.copy_(fresh_values(out.detach(), plan.init))

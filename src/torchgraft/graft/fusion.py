@@ -83,6 +83,22 @@ def _slice(ref: TensorRef, index: int, count: int) -> torch.Tensor:
     return ref.read().chunk(count, dim=0)[index].contiguous()
 
 
+def _cat_box(refs: Sequence[TensorRef], start: tuple[int, ...], out: torch.Tensor) -> None:
+    """A block of a concatenation: from each part, the rows of the block it holds."""
+    first = 0
+    for ref in refs:
+        rows = ref.meta.shape[0]
+        low, high = max(first, start[0]), min(first + rows, start[0] + out.shape[0])
+        if low < high:
+            ref.read_box((low - first, *start[1:]), out.narrow(0, low - start[0], high - low))
+        first += rows
+
+
+def _slice_box(ref: TensorRef, first: int, start: tuple[int, ...], out: torch.Tensor) -> None:
+    """A block of an equal slice by rows: the same block of the fused tensor, rows shifted."""
+    ref.read_box((first + start[0], *start[1:]), out)
+
+
 def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual]:
     found = []
     modules = _modules(src)
@@ -107,7 +123,9 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
             shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
             meta = TensorMeta.of(shape, group[0].dtype)
-            refs[name] = TensorRef(meta, functools.partial(_cat, [refs[i.name] for i in group]))
+            parts = [refs[i.name] for i in group]
+            refs[name] = TensorRef(meta, functools.partial(_cat, parts),
+                                   read_box=functools.partial(_cat_box, parts))
             found.append(Virtual(name, tuple(i.name for i in group),
                                  "fused from " + ", ".join(i.name for i in group)))
     return found
@@ -127,7 +145,9 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtua
                 name = f"{path}[{k}].{leaf}"  # numbered: sorted names keep the order
                 rows = info.shape[0] // count
                 meta = TensorMeta.of((rows, *info.shape[1:]), info.dtype)
-                refs[name] = TensorRef(meta, functools.partial(_slice, refs[info.name], k, count))
+                refs[name] = TensorRef(meta, functools.partial(_slice, refs[info.name], k, count),
+                                       read_box=functools.partial(_slice_box, refs[info.name],
+                                                                  k * rows))
                 found.append(Virtual(name, (info.name,),
                                      f"split from {info.name} (rows {k * rows}:{(k + 1) * rows})"))
     return found

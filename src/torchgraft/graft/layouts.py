@@ -131,6 +131,8 @@ _FAMILIES = {
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
 }
+#: Families whose attention uses rotary (RoPE) rows.
+_ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
 #: this one table.
@@ -291,7 +293,8 @@ def rotary_warning(source: Side, target: Side) -> str | None:
         The warning, or ``None`` when both families are known or neither is.
     """
     families = (family_of(source), family_of(target))
-    if (families[0] is None) == (families[1] is None):
+    if (families[0] is None) == (families[1] is None) or not (
+            set(families) & _ROTARY_FAMILIES):
         return None
     known = families[0] or families[1]
     return (f"one side is {known}, the other is not a naming family torchgraft knows: attention "

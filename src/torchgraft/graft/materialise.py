@@ -10,7 +10,7 @@ own (memory-mapped where the format allows); the others are read into new storag
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -22,17 +22,28 @@ __all__ = ["META_DEFAULTS", "default_device", "has_meta", "materialise", "still_
 META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
 
 
+def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """Every parameter and buffer, persistent or not: name, tensor, whether a parameter.
+
+    The modules' own dictionaries are read directly: on models of tens of thousands of
+    modules this is several times faster than ``named_parameters`` and ``named_buffers``.
+    """
+    for path, module in model.named_modules():
+        for store, parameter in ((module._parameters, True), (module._buffers, False)):
+            for name, tensor in store.items():
+                if tensor is not None:
+                    yield (f"{path}.{name}" if path else name), tensor, parameter
+
+
 def has_meta(model: nn.Module) -> bool:
     """Whether any parameter or buffer of ``model`` is on the meta device."""
-    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    return any(t.is_meta for _, t, _ in _tensors(model))
 
 
 def default_device(model: nn.Module) -> torch.device:
     """Where the model's real tensors are (the first one's device), else the CPU."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        if not tensor.is_meta:
-            return tensor.device
-    return torch.device("cpu")
+    return next((t.device for _, t, _ in _tensors(model) if not t.is_meta),
+                torch.device("cpu"))
 
 
 def _holders(model: nn.Module) -> dict[int, list[tuple[dict[str, Any], str]]]:
@@ -49,7 +60,8 @@ def _holders(model: nn.Module) -> dict[int, list[tuple[dict[str, Any], str]]]:
 
 def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
                 zeroed: Iterable[str] = (),
-                values: Mapping[str, Callable[[], torch.Tensor]] | None = None) -> set[str]:
+                values: Mapping[str, Callable[[], torch.Tensor]] | None = None,
+                state: dict[str, torch.Tensor] | None = None) -> set[str]:
     """Give real storage to the meta tensors among ``keys`` (state-dict names).
 
     Args:
@@ -60,11 +72,16 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
         values: Keys whose storage is the checkpoint's own tensor, as read (a memory-mapped
             view of the file where the format allows: no copy at all), like
             ``load_state_dict(assign=True)``.
+        state: The model's ``state_dict(keep_vars=True)`` tensors, if already known; a dict
+            is updated in place with the new tensors.
 
     Returns:
         The keys given their checkpoint values: nothing more to read for them.
     """
-    state = model.state_dict(keep_vars=True)
+    state = model.state_dict(keep_vars=True) if state is None else state
+    keys_of: dict[int, list[str]] = {}  # a tensor's keys (several where tied)
+    for name, tensor in state.items():
+        keys_of.setdefault(id(tensor), []).append(name)
     holders = _holders(model)
     zero = set(zeroed)
     values = values or {}
@@ -85,6 +102,7 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
             new = nn.Parameter(new, requires_grad=old.requires_grad)
         for store, name in holders.get(id(old), ()):
             store[name] = new
+        state.update(dict.fromkeys(keys_of[id(old)], new))
     return assigned
 
 
@@ -97,5 +115,10 @@ def still_on_meta(model: nn.Module) -> list[str]:
     Returns:
         Their names.
     """
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return [name for name, tensor in named if tensor.is_meta]
+    seen: set[int] = set()
+    found: tuple[list[str], list[str]] = ([], [])  # parameters first, as named_parameters
+    for name, tensor, parameter in _tensors(model):
+        if tensor.is_meta and id(tensor) not in seen:
+            seen.add(id(tensor))
+            found[not parameter].append(name)
+    return [*found[0], *found[1]]

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..atomic import atomic_path
 from ..errors import TorchgraftError
+from .evidence import EXIT_CODES, Evidence, Guess, Verdict
 from .html import render_html
 from .plan import REINITIALISED, Plan, is_bookkeeping
 
@@ -39,6 +40,16 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
+            adapter never holds; not missing (the report is scoped to the adapter's keys).
+        evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
+            ``guess``, or ``verified`` once outputs were compared equal.
+        guesses: Loaded key filled by a guess to its alternatives and how to settle it; any
+            guess left unverified makes the verdict ``unverified``.
+        surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
+            the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
+        shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
+            ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
     """
@@ -55,6 +66,11 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    not_in_adapter: list[str] = field(default_factory=list)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    guesses: dict[str, Guess] = field(default_factory=dict)
+    surplus: dict[str, str] = field(default_factory=dict)
+    shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
 
@@ -73,11 +89,15 @@ class GraftReport:
             report.loaded.append(step.target)
             report.mapping[step.target] = step.source
             report.matched_by[step.target] = step.matched_by
+            report.evidence[step.target] = step.evidence
+            if step.target in plan.guesses:
+                report.guesses[step.target] = plan.guesses[step.target]
             if step.describe():
                 report.adapted[step.target] = step.describe()
         report.missing = list(plan.missing)
         report.unused = list(plan.unused)
         report.reinitialised = dict(plan.reinitialised)
+        report.surplus = dict(plan.surplus)
         report.tied = dict(plan.tied)
         report.warnings = list(plan.warnings)
         report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
@@ -87,17 +107,51 @@ class GraftReport:
         """Record a target key found missing after the plan ran (left on the meta device)."""
         if key in self.loaded:
             self.loaded.remove(key)
+            self.evidence.pop(key, None)
+            self.guesses.pop(key, None)
         if key not in self.missing:
             self.missing.append(key)
         self.reasons[key] = reason
 
+    def mark_verified(self) -> None:
+        """Outputs were compared equal: every loaded key is ``verified``, no guess is left."""
+        self.evidence = dict.fromkeys(self.evidence, Evidence.VERIFIED)
+        self.guesses.clear()
+        self.surplus.clear()
+
+    @property
+    def verdict(self) -> Verdict:
+        """The verdict: ``diverged``, ``incomplete``, ``unverified`` or ``ok``.
+
+        ``diverged`` if outputs differ, else ``incomplete`` if keys are missing (bookkeeping
+        buffers aside), else ``unverified`` if a key was guessed, else ``ok``.
+        """
+        if self.divergence is not None:
+            return Verdict.DIVERGED
+        if [k for k in self.missing if not is_bookkeeping(k)]:
+            return Verdict.INCOMPLETE
+        if self.guesses or self.surplus:
+            return Verdict.UNVERIFIED
+        return Verdict.OK
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for the verdict: 0 ok, 1 incomplete, 3 unverified, 4 diverged."""
+        return EXIT_CODES[self.verdict]
+
     @property
     def ok(self) -> bool:
-        """True when every target key is loaded, tied or re-initialised, and outputs agree.
+        """True when the verdict is ``ok``.
 
-        Bookkeeping buffers aside; outputs only where they were compared.
+        Every target key loaded (or tied, re-initialised), none by a guess that outputs did
+        not settle, and outputs agree where compared.
         """
-        return self.divergence is None and not [k for k in self.missing if not is_bookkeeping(k)]
+        return self.verdict is Verdict.OK
+
+    @property
+    def complete(self) -> bool:
+        """True when every target key is filled, guesses or not, and outputs did not diverge."""
+        return self.verdict in (Verdict.OK, Verdict.UNVERIFIED)
 
     @property
     def clean(self) -> bool:
@@ -113,21 +167,27 @@ class GraftReport:
         return {
             "loaded": len(self.loaded),
             "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
+            "guessed": len(self.guesses),
             "adapted": len(self.adapted),
             "reinitialised": len(self.reinitialised),
             "tied": len(self.tied),
             "missing": len(self.missing),
             "unused": len(self.unused),
+            "not in adapter": len(self.not_in_adapter),
         }
 
     def to_dict(self) -> dict[str, Any]:
         """Return the report as JSON-ready data."""
-        return {"ok": self.ok, "counts": self.counts(), "loaded": self.loaded,
+        return {"ok": self.ok, "verdict": self.verdict.value, "counts": self.counts(),
+                "evidence": {k: v.value for k, v in self.evidence.items()},
+                "guesses": {k: {"alternatives": list(g.alternatives), "why": g.why,
+                                "settle": g.settle} for k, g in self.guesses.items()},
+                "surplus": self.surplus, "loaded": self.loaded,
                 "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence}
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -158,31 +218,54 @@ class GraftReport:
                 source = self.mapping[key]
                 rows.append(("adapted", key, self.adapted[key] if source == key
                              else f"<- {source}: {self.adapted[key]}"))
-            elif self.matched_by[key] != "exact":
+            elif self.matched_by[key] != "exact" and key not in self.guesses:
                 rows.append((self.matched_by[key], key, f"<- {self.mapping[key]}"))
+        rows += [("guess", k, f"<- {self.mapping[k]}: {g.describe()}")
+                 for k, g in self.guesses.items()]
         rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
         rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
         rows += [("missing", k, self.reasons[k]) for k in self.missing]
-        rows += [("unused", k, self.reasons[k]) for k in self.unused if k not in self.missing]
+        rows += [("surplus" if k in self.surplus else "unused", k,
+                  self.surplus.get(k, self.reasons[k]))
+                 for k in self.unused if k not in self.missing]
+        rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
         return rows
 
+    def settle(self) -> str:
+        """Why the verdict is unverified and how to settle it, in one line (or empty)."""
+        parts = []
+        if self.guesses:
+            ways = dict.fromkeys(g.settle for g in self.guesses.values())
+            parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
+                         f"candidates; to settle them, {'; or '.join(ways)}")
+        if self.surplus:
+            parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks: "
+                         "another configuration, or a rule that drops them says it is meant")
+        return "; ".join(parts)
+
     def headline(self) -> str:
-        """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros)."""
+        """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).
+
+        The verdict is ``ok``, ``UNVERIFIED``, ``INCOMPLETE`` or ``DIVERGED``.
+        """
         counts = ", ".join(f"{v} {k}" for k, v in self.counts().items() if v or k == "loaded")
-        return f"graft {'ok' if self.ok else 'INCOMPLETE'}: {counts}"
+        verdict = self.verdict
+        return f"graft {verdict.value if self.ok else verdict.value.upper()}: {counts}"
 
     def __str__(self) -> str:
         head = self.headline()
         if self.max_abs_diff is not None:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
         tail = [f"  warning   {w}" for w in self.warnings]
+        if self.settle():
+            tail.insert(0, f"  settle    {self.settle()}")
         if self.divergence:
             tail.insert(0, f"  diverged  {self.divergence}")
         return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines()), *tail])
 
 
 class GraftError(TorchgraftError):
-    """A strict graft left keys missing or unused.
+    """A strict graft left keys missing, unused, re-initialised or guessed.
 
     Args:
         report: The full report.
@@ -197,6 +280,7 @@ class GraftError(TorchgraftError):
                      for k in report.unused if not is_bookkeeping(k) and k not in report.missing
                      and not report.reasons[k].endswith(REINITIALISED)]
         problems += [f"'{k}' re-initialised: {v}" for k, v in report.reinitialised.items()]
+        problems += [f"'{k}' is a guess: {g.describe()}" for k, g in report.guesses.items()]
         if report.divergence:
             problems.insert(0, report.divergence)
         shown = "; ".join(problems[:3])

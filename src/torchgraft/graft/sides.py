@@ -162,17 +162,19 @@ def state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def quantized_modules(model: nn.Module) -> dict[str, str]:
+def quantized_modules(model: nn.Module,
+                      tensors: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
     """The modules whose weights are quantized: path to class name.
 
     Args:
         model: The module.
+        tensors: Its :func:`state_tensors`, if already known.
 
     Returns:
         Module path to the class's qualified name.
     """
     found = {}
-    for key, tensor in state_tensors(model).items():
+    for key, tensor in (state_tensors(model) if tensors is None else tensors).items():
         if tensor.is_quantized:
             path = key.partition("._packed_params.")[0] if "._packed_params." in key \
                 else key.rpartition(".")[0]
@@ -191,15 +193,24 @@ def module_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[s
     Returns:
         Key to info, in state_dict order.
     """
+    return _described(model, tensors)[0]
+
+
+def _described(model: nn.Module, tensors: dict[str, torch.Tensor]
+               ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """Infos with module kinds, and attention head sizes, from one walk of the modules."""
     kinds: dict[str, str] = {}
+    head_dims: dict[str, int] = {}
     for path, module in model.named_modules():
         kind = MODULE_KINDS.get(type(module).__name__)
         if kind is not None:
-            for name, _ in [*module.named_parameters(recurse=False),
-                            *module.named_buffers(recurse=False)]:
+            for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind
+        head_dim = getattr(module, "head_dim", None)
+        if isinstance(head_dim, int):
+            head_dims[path] = head_dim
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
-            for name, t in tensors.items()}
+            for name, t in tensors.items()}, head_dims
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -272,22 +283,22 @@ def tied_keys(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
     return ties
 
 
-def module_side(model: nn.Module, example_inputs: Any = None) -> Side:
+def module_side(model: nn.Module, example_inputs: Any = None, *,
+                tensors: dict[str, torch.Tensor] | None = None) -> Side:
     """Describe an unwrapped module as a graft side.
 
     Args:
         model: The module.
         example_inputs: If given, tensors are ordered by use on these inputs; else by
             definition.
+        tensors: Its :func:`state_tensors`, if already known.
 
     Returns:
         Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
-    tensors = state_tensors(model)
-    infos = module_tensors(model, tensors)
+    tensors = state_tensors(model) if tensors is None else tensors
+    infos, head_dims = _described(model, tensors)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
-    head_dims = {path: module.head_dim for path, module in model.named_modules()
-                 if isinstance(getattr(module, "head_dim", None), int)}
     return Side(infos, order, ties=tied_keys(tensors),
                 head_dims=head_dims)

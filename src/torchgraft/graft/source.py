@@ -15,6 +15,7 @@ from ..checkpoint import Checkpoint
 from ..checkpoint import open as open_checkpoint
 from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
+from .adapters import Adapter, find_adapter
 from .layouts import mark_file_kinds
 from .sides import Side, TensorInfo, module_side, state_tensors, unwrap
 
@@ -32,12 +33,16 @@ class GraftSource:
         refs: Key to lazy tensor.
         module: The unwrapped source module, when the source is one.
         closers: Called by :meth:`close`.
+        saved_keys: The top-level keys of a checkpoint's saved object (evidence of wrappers).
+        adapter: The PEFT adapter a checkpoint file belongs to, if it is one.
     """
 
     side: Side
     refs: dict[str, TensorRef]
     module: nn.Module | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
+    saved_keys: list[str] = field(default_factory=list)
+    adapter: Adapter | None = None
 
     def close(self) -> None:
         """Release files opened for the graft."""
@@ -116,4 +121,5 @@ def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
 
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    return GraftSource(_refs_side(refs, ckpt.format), refs)
+    return GraftSource(_refs_side(refs, ckpt.format), refs, saved_keys=ckpt.saved_keys,
+                       adapter=find_adapter(ckpt.path))

@@ -26,6 +26,16 @@ checkpoint's) when both sides have as many and no block holds two of them that o
 names order; neighbours are not used.
 
 Whatever is left and could have fitted several modules is reported as ambiguous, by name.
+
+Each pair then gets its evidence (:mod:`~torchgraft.graft.evidence`). A module's unit is its
+nearest numbered ancestor (a block, :func:`~torchgraft.graft.conventions.unit_of`). A pair is
+``structure`` when the source module is the only one of its unit that fits the target module
+and the other way round; when the roles of their names (:mod:`~torchgraft.graft.conventions`)
+single it out among the candidates (a block's ``q_proj`` is its ``query``); or when the
+candidates on each side differ only by numbers (``bn1``, ``bn2``) and the pairs follow those
+numbers in the model's order. Any other pair among same-shape candidates is a ``guess``, with
+the other candidates as its alternatives. Before that, same-shape pairs of a unit whose roles
+are all known are re-paired by role.
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sides import TensorInfo
+from .conventions import role_of, unit_of
+from .evidence import Evidence, Guess
+from .sides import TensorInfo, natural_key
 
 __all__ = ["Alignment", "align"]
 
@@ -52,10 +64,14 @@ class Alignment:
     Attributes:
         pairs: Target key to source key.
         ambiguous: Target key to why structure could not decide it (several modules fit).
+        evidence: Target key to its evidence: ``structure`` or ``guess``.
+        guesses: Target key to its alternatives, for guesses.
     """
 
     pairs: dict[str, str]
     ambiguous: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    guesses: dict[str, Guess] = field(default_factory=dict)
 
 
 @dataclass
@@ -160,7 +176,9 @@ class _Aligner:
             for kb, gb in rep_b.items():
                 pairs = _paired(ga.tensors, gb.tensors)
                 table[ka, kb] = pairs is not None and all(fits(s, t) for t, s in pairs)
-        self.match = table[np.ix_([ids_a[s] for s in sig_a], [ids_b[s] for s in sig_b])]
+        self.table = table
+        self.classes = ([ids_a[s] for s in sig_a], [ids_b[s] for s in sig_b])
+        self.match = table[np.ix_(*self.classes)]
         self.pairs: dict[int, int] = {}
 
     def _take(self, i: int, j: int) -> None:
@@ -268,6 +286,103 @@ class _Aligner:
                 return
 
 
+class _Units:
+    """One side's groups: their units, roles and numbered stems (names with digits as ``#``)."""
+
+    def __init__(self, groups: list[_Group], classes: list[int]) -> None:
+        children: dict[str, set[str]] = {}
+        for g in groups:
+            children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
+        self.unit = [unit_of(g.path) for g in groups]
+        self.role = [role_of(g.path, frozenset(children[g.parent])) for g in groups]
+        self.stem = [_DIGITS.sub("#", g.path[len(u):]) for g, u in zip(groups, self.unit,
+                                                                        strict=True)]
+        self.cls = classes
+
+
+def _repair_roles(pairs: dict[int, int], ua: _Units, ub: _Units) -> None:
+    """Re-pair same-shape pairs of a unit by role, where every role is known and distinct."""
+    groups: dict[tuple[str, str, int], list[int]] = {}
+    for i, j in pairs.items():
+        groups.setdefault((ua.unit[i], ub.unit[j], ub.cls[j]), []).append(i)
+    for rows in groups.values():
+        roles_a = [ua.role[i] for i in rows]
+        by_role = {ub.role[pairs[i]]: pairs[i] for i in rows}
+        if None in by_role or len(by_role) != len(rows) or set(roles_a) != set(by_role):
+            continue
+        for i, role in zip(rows, roles_a, strict=True):
+            pairs[i] = by_role[role]
+
+
+def _follows_numbers(pairs: list[tuple[int, int]], a: list[_Group], b: list[_Group]) -> bool:
+    """Whether the source modules' numbers increase with the target modules' numbers."""
+    found = sorted((natural_key(a[i].path), natural_key(b[j].path)) for i, j in pairs)
+    return all(x[1] < y[1] for x, y in itertools.pairwise(found))
+
+
+class _Judge:
+    """Which pairs are guesses: another pair of the same two units could swap with them.
+
+    Two pairs can swap when their target modules share a unit, their source modules share a
+    unit, and each target fits the other's source. A swap is ruled out by roles (each pair's
+    roles agree and differ from the other's) or by numbers (both sides' modules differ only
+    by numbers, ``bn1``/``bn2``, and the pairs follow them). An unpaired source module of the
+    unit that fits the target is an alternative too.
+    """
+
+    def __init__(self, aligner: _Aligner, ua: _Units, ub: _Units) -> None:
+        self.aligner, self.ua, self.ub = aligner, ua, ub
+        self.groups: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for i, j in aligner.pairs.items():
+            self.groups.setdefault((ua.unit[i], ub.unit[j]), []).append((i, j))
+        self.free: dict[str, list[int]] = {}
+        for j in aligner._free()[1]:
+            self.free.setdefault(ub.unit[j], []).append(j)
+        self.numbered = {key: _follows_numbers(items, aligner.a, aligner.b)
+                         for key, items in self._by_stems().items()}
+
+    def _by_stems(self) -> dict[tuple[str, str, str, str], list[tuple[int, int]]]:
+        found: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
+        for (unit_a, unit_b), items in self.groups.items():
+            for i, j in items:
+                key = (unit_a, unit_b, self.ua.stem[i], self.ub.stem[j])
+                found.setdefault(key, []).append((i, j))
+        return found
+
+    def _swaps(self, i: int, j: int) -> list[tuple[int, int]]:
+        table, ua, ub = self.aligner.table, self.ua, self.ub
+        return [(i2, j2) for i2, j2 in self.groups[(ua.unit[i], ub.unit[j])]
+                if i2 != i and table[ua.cls[i], ub.cls[j2]] and table[ua.cls[i2], ub.cls[j]]]
+
+    def _decided(self, i: int, j: int, swaps: list[tuple[int, int]]) -> bool:
+        ua, ub = self.ua, self.ub
+        role = ua.role[i]
+        if role is not None and role == ub.role[j] and all(
+                ub.role[j2] != role and ua.role[i2] != role for i2, j2 in swaps):
+            return True
+        stems = (ua.stem[i], ub.stem[j])
+        return ("#" in stems[0] and "#" in stems[1]
+                and all((ua.stem[i2], ub.stem[j2]) == stems for i2, j2 in swaps)
+                and self.numbered[(ua.unit[i], ub.unit[j], stems[0], stems[1])])
+
+    def guesses(self) -> dict[int, list[int]]:
+        """Target group to the other source groups it could have been paired with."""
+        table, ua, ub = self.aligner.table, self.ua, self.ub
+        found: dict[int, list[int]] = {}
+        for i, j in self.aligner.pairs.items():
+            free = [k for k in self.free.get(ub.unit[j], ()) if table[ua.cls[i], ub.cls[k]]]
+            swaps = self._swaps(i, j)
+            if free or (swaps and not self._decided(i, j, swaps)):
+                found[i] = [j2 for _, j2 in swaps] + free
+        return found
+
+
+def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str) -> Guess:
+    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
+           "their names nor their numbers tell which is which")
+    return Guess(tuple(f"{b[k].path}.{leaf}" for k in others), why)
+
+
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
           source_infos: dict[str, TensorInfo], fits: Fits,
           bookkeeping: Bookkeeping = lambda name: False, *,
@@ -292,16 +407,20 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         return Alignment({})
     aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
     aligner.run()
-    pairs: dict[str, str] = {}
+    ua, ub = _Units(a, aligner.classes[0]), _Units(b, aligner.classes[1])
+    _repair_roles(aligner.pairs, ua, ub)
+    guessed = _Judge(aligner, ua, ub).guesses()
+    result = Alignment({})
     for i, j in aligner.pairs.items():
-        for t, s in _paired(a[i].tensors, b[j].tensors) or ():
-            pairs[t.name] = s.name
+        found = [(t.name, s.name) for t, s in _paired(a[i].tensors, b[j].tensors) or ()]
         extra = {_leaf(s): s for s in b[j].bookkeeping}
-        for t in a[i].bookkeeping:
-            if _leaf(t) in extra:
-                pairs[t.name] = extra[_leaf(t)].name
+        found += [(t.name, extra[_leaf(t)].name) for t in a[i].bookkeeping if _leaf(t) in extra]
+        for target, source in found:
+            result.pairs[target] = source
+            result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
+            if i in guessed:
+                result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2])
     free_a, free_b = aligner._free()
-    ambiguous: dict[str, str] = {}
     free_match = aligner.match[np.ix_(free_a, free_b)] if free_a and free_b else None
     for row, i in enumerate(free_a):
         hits = np.nonzero(free_match[row])[0] if free_match is not None else ()
@@ -312,5 +431,5 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
             why = (f"structure is ambiguous: checkpoint modules {shown}{more} fit it, and "
                    "other modules of the model as well; add a rule that names its source")
             for t in a[i].tensors:
-                ambiguous[t.name] = why
-    return Alignment(pairs, ambiguous)
+                result.ambiguous[t.name] = why
+    return result

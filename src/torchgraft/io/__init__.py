@@ -6,7 +6,12 @@ from . import (
     components,
     dcp,
     deepspeed,
+    flax_format,
+    gguf_format,
+    keras_format,
+    mlx_format,
     numpy_format,
+    onnx_format,
     pickle_format,
     pt2,
     safetensors_format,
@@ -21,18 +26,26 @@ __all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "detect", "formats",
            "register"]
 
 # Legacy torch files are pickles too: their magic must be tried before the plain pickle's.
-# torch.export archives are zips too: their first entry is tried before torch.save's zip.
+# torch.export archives and .keras files are zips too: their first entry is tried before
+# torch.save's zip.
 for _fmt in (
     torch_legacy.FORMAT,
     pt2.FORMAT,
+    keras_format.KERAS_ARCHIVE_FORMAT,
     torch_zip.FORMAT,
     numpy_format.NPZ_FORMAT,
     numpy_format.NPY_FORMAT,
+    mlx_format.FORMAT,
     safetensors_format.FORMAT,
     pickle_format.FORMAT,
     sharded.FORMAT,
     dcp.FORMAT,
     deepspeed.FORMAT,
     components.FORMAT,
+    gguf_format.FORMAT,
+    onnx_format.FORMAT,
+    keras_format.FORMAT,
+    flax_format.FORMAT,
+    mlx_format.FOLDER_FORMAT,
 ):
     register(_fmt)

@@ -127,6 +127,7 @@ class WriteJob:
         kinds: Name to module kind (``"linear"``...), for layouts that store some weights
             transposed (Paddle).
         legacy: For torch files: the pre-1.6 (non-zip) serialization.
+        ranks: For DCP: lay the checkpoint out as this many ranks save it, rows split.
         progress: Called with (tensors done, total).
     """
 
@@ -137,6 +138,7 @@ class WriteJob:
     weights_key: str = ""
     kinds: dict[str, str | None] = field(default_factory=dict)
     legacy: bool = False
+    ranks: int = 1
     progress: Callable[[int, int], None] | None = None
 
     def out_dtype(self, ref: TensorRef) -> torch.dtype:

@@ -8,6 +8,7 @@ entries; reading a tensor assembles it from its chunks, whichever rank wrote the
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -134,21 +135,32 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
                    path=metadata_path)
     _check_cover(fqn, size, chunks, metadata_path)
 
-    def read() -> torch.Tensor:
-        out = torch.empty(size, dtype=dtype)
+    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
+        # Only the chunks the block overlaps are read: a rank of another world size reads
+        # the chunks its shard spans, whichever rank wrote them.
         for offsets, sizes in chunks:
+            low = [max(a, b) for a, b in zip(offsets, start, strict=True)]
+            high = [min(a + n, b + m) for a, n, b, m in zip(offsets, sizes, start, out.shape,
+                                                             strict=True)]
+            if any(h <= lo for lo, h in zip(low, high, strict=True)):
+                continue
             data, name = storage.blob(fqn, offsets)
             part = read_blob(data, name=name, unsafe=unsafe)
             if not isinstance(part, TensorRef) or part.meta.shape != sizes:
                 raise CorruptCheckpointError(f"chunk {offsets} of '{fqn}' is not a {sizes} tensor",
                                              path=name)
-            target = out
-            for dim, (start, length) in enumerate(zip(offsets, sizes, strict=True)):
-                target = target.narrow(dim, start, length)
-            target.copy_(part.read())
+            piece, target = part.read(), out
+            for dim, (lo, hi) in enumerate(zip(low, high, strict=True)):
+                piece = piece.narrow(dim, lo - offsets[dim], hi - lo)
+                target = target.narrow(dim, lo - start[dim], hi - lo)
+            target.copy_(piece)
+
+    def read() -> torch.Tensor:
+        out = torch.empty(size, dtype=dtype)
+        read_box((0,) * len(size), out)
         return out
 
-    return TensorRef(TensorMeta.of(size, dtype), read)
+    return TensorRef(TensorMeta.of(size, dtype), read, read_box=read_box)
 
 
 def _check_cover(fqn: str, size: tuple[int, ...],
@@ -223,6 +235,9 @@ def _root(metadata: dict[str, Any], storage: _Storage, options: ReadOptions,
 def write(job: WriteJob, path: Path) -> None:
     """Write a torch.distributed.checkpoint directory from one process.
 
+    With ``job.ranks`` above 1, the directory is laid out as that many ranks of an FSDP2
+    model save it (:func:`_write_ranks`); else as one rank saves it.
+
     Args:
         job: What to write; extras are saved beside the weights, as DCP saves objects.
         path: The directory (it must not exist yet).
@@ -232,6 +247,9 @@ def write(job: WriteJob, path: Path) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    if job.ranks > 1:
+        _write_ranks(job, path)
+        return
     tensors = job.read_all()
     state: dict[str, Any] = {job.weights_key: tensors} if job.weights_key else dict(tensors)
     state.update(job.extras)
@@ -239,6 +257,85 @@ def write(job: WriteJob, path: Path) -> None:
         warnings.simplefilter("ignore")
         save(state, storage_writer=FileSystemWriter(str(path)), no_dist=True)
     job.done(len(tensors))
+
+
+class _Chunks:
+    """The save planner's one duty towards the writer: each item's data, read when asked."""
+
+    def __init__(self, job: WriteJob, flat: dict[str, Any]) -> None:
+        self.job = job
+        self.flat = flat
+
+    def resolve_data(self, item: Any) -> Any:
+        value = self.flat[item.index.fqn]
+        if not isinstance(value, TensorRef):
+            data = io.BytesIO()
+            torch.save(value, data)
+            data.seek(0)
+            return data
+        chunk = item.tensor_data.chunk
+        out = torch.empty(tuple(chunk.sizes), dtype=value.meta.dtype)
+        value.read_box(tuple(chunk.offsets), out)  # this rank's rows: their bytes only
+        return out.to(self.job.out_dtype(value))
+
+
+def _write_ranks(job: WriteJob, path: Path) -> None:
+    """Write DCP as ``job.ranks`` ranks of FSDP2 save it: rows split as ``torch.chunk`` does.
+
+    Each rank's file ``__{rank}_0.distcp`` holds that rank's rows of every tensor (scalars
+    and extras in rank 0's), so a model sharded over that many ranks reads one file per rank;
+    any other number of ranks reads the chunks its shards span. torch's own
+    ``FileSystemWriter`` writes the files and the ``.metadata``.
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.planner import (
+        SavePlan,
+        TensorWriteData,
+        WriteItem,
+        WriteItemType,
+    )
+
+    state: dict[str, Any] = {job.weights_key: dict(job.tensors)} if job.weights_key \
+        else dict(job.tensors)
+    state.update(job.extras)
+    flat, mapping = flatten_state_dict(state)
+    items: list[list[WriteItem]] = [[] for _ in range(job.ranks)]
+    entries: dict[str, Any] = {}
+    for fqn, value in flat.items():
+        if not isinstance(value, TensorRef):
+            entries[fqn] = BytesStorageMetadata()
+            items[0].append(WriteItem(MetadataIndex(fqn), WriteItemType.BYTE_IO))
+            continue
+        shape = value.meta.shape
+        properties = TensorProperties(dtype=job.out_dtype(value))
+        rows = shape[0] if shape else 1
+        step = -(-rows // job.ranks)  # torch.chunk: ceil(rows / ranks) each, the last short
+        chunks = []
+        for rank, first in enumerate(range(0, rows, max(step, 1)) or [0]):  # empty: rank 0
+            offsets = torch.Size((first, *[0] * (len(shape) - 1)) if shape else ())
+            sizes = torch.Size((min(step, rows - first), *shape[1:]) if shape else ())
+            chunk = ChunkStorageMetadata(offsets=offsets, sizes=sizes)
+            chunks.append(chunk)
+            items[rank].append(WriteItem(MetadataIndex(fqn, offsets), WriteItemType.SHARD,
+                                         tensor_data=TensorWriteData(chunk, properties,
+                                                                     torch.Size(shape))))
+        entries[fqn] = TensorStorageMetadata(properties, torch.Size(shape), chunks)
+    writer = FileSystemWriter(str(path))
+    writer.set_up_storage_writer(True)
+    plans = writer.prepare_global_plan([writer.prepare_local_plan(SavePlan(i)) for i in items])
+    planner = _Chunks(job, flat)
+    results = [writer.write_data(plan, planner).wait() for plan in plans]  # type: ignore[arg-type]
+    writer.finish(Metadata(entries, planner_data=mapping), results)
+    job.done(len(job.tensors))
 
 
 FORMAT = Format(name="dcp", open=_open, claims_directory=_claims, writes="dcp", write=write)

@@ -13,14 +13,19 @@ from ..errors import (
     UnsupportedCheckpointError,
     reading,
 )
+from ..hub import resolve as resolve_repo_id
 from .base import Contents, Format, ReadOptions
 from .contain import contained
+from .nature import nature_of
 from .sharded import MAX_INDEX_BYTES
+from .source import released_on_failure
 
 __all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
 
 _FORMATS: list[Format] = []
 _HEAD_BYTES = 512
+#: A folder without a checkpoint names this many of its files.
+_LISTED = 8
 
 # A directory holding several checkpoint files opens the first of these that it has
 # (the names transformers and timm write).
@@ -87,9 +92,13 @@ def _checkpoint_file(directory: Path) -> Path:
         return candidates[0]
     if not candidates:
         known = sorted({s for f in _FORMATS for s in f.suffixes})
+        held = ", ".join(p.name for p in files[:_LISTED]) + (
+            f" and {len(files) - _LISTED} more" if len(files) > _LISTED else "")
         raise CheckpointNotFoundError(
-            f"the directory holds no checkpoint: no file ends with {', '.join(known)}, and it is "
-            "not a torch.distributed.checkpoint folder (no .metadata)", path=directory)
+            f"the directory holds no checkpoint: {f'its files ({held})' if files else 'no file'}"
+            f" are not checkpoints (none ends with {', '.join(known)}), and it is not a "
+            "torch.distributed.checkpoint folder (no .metadata). Pass the checkpoint file, or "
+            "the folder that holds it", path=directory)
     names = ", ".join(p.name for p in candidates)
     raise CheckpointNotFoundError(
         f"the directory holds several checkpoints ({names}); pass the one to open",
@@ -115,19 +124,22 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     """Find the format of ``path``, resolving a directory to the checkpoint inside it.
 
     Args:
-        path: A checkpoint file or directory.
+        path: A checkpoint file or directory, or a Hugging Face Hub repository id
+            (``org/name[@revision]``) already in the local cache.
         follow_links: Accept a directory's checkpoint file that links out of it.
 
     Returns:
         The format, and the path to open with it.
 
     Raises:
-        CheckpointNotFoundError: If nothing is there, or a directory holds no checkpoint.
+        CheckpointNotFoundError: If nothing is there (no file, no cached Hub repository), or a
+            directory holds no checkpoint.
         CorruptCheckpointError: If the file is empty.
-        UnknownFormatError: If no registered format recognises the file.
+        UnknownFormatError: If no registered format recognises the file, or it is plainly
+            something else (a Git LFS pointer, an HTML page, text), which the message says.
     """
     if not path.exists():
-        raise CheckpointNotFoundError("no such file or directory", path=path)
+        path = resolve_repo_id(str(path))  # org/name[@revision] in the Hub cache, or raises
     if path.is_dir():
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
@@ -140,11 +152,19 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     with reading(path), path.open("rb") as f:
         head = f.read(_HEAD_BYTES)
     if not head:
-        raise CorruptCheckpointError("the file is empty", path=path)
+        raise CorruptCheckpointError(
+            "the file is empty (0 bytes), not a checkpoint: a download, copy or save that was "
+            "interrupted or never wrote; fetch or save it again", path=path)
     for fmt in _FORMATS:
         if fmt.magic is not None and fmt.magic(head):
             return fmt, path
     fmt_by_suffix = _by_suffix(path)
+    # JSON indexes are text, and pickles of protocol 0 or 1 may be (they have no magic).
+    textual = path.name.lower().endswith(".json") or (
+        fmt_by_suffix is not None and fmt_by_suffix.name == "paddle")
+    nature = None if textual else nature_of(head)
+    if nature is not None:
+        raise UnknownFormatError(nature, path=path)
     if fmt_by_suffix is not None:
         return fmt_by_suffix, path
     known = ", ".join(f.name for f in _FORMATS)
@@ -173,5 +193,5 @@ def open_contents(path: Path, options: ReadOptions) -> Contents:
             f"component='{options.component}' picks a part of a folder of several models (a "
             f"diffusers pipeline, a sentence-transformers model); this is a {fmt.name} "
             "checkpoint: leave component out", path=path)
-    with reading(target):
+    with reading(target), released_on_failure():
         return fmt.open(target, options)

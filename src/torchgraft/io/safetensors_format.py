@@ -18,6 +18,7 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error, unwritable
+from .boxes import box_reader
 from .copy import FileCopier
 from .source import ByteSource, FileSource
 
@@ -223,7 +224,11 @@ def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> Tensor
     def read_into(out: torch.Tensor) -> None:
         source.read_into(offset, out, what=f"tensor '{name}'")
 
-    return TensorRef(meta, read, read_into, span=lambda: (source.name, offset))
+    def read_at(start: int, out: torch.Tensor) -> None:
+        source.read_into(offset + start, out, what=f"tensor '{name}'")
+
+    return TensorRef(meta, read, read_into, span=lambda: (source.name, offset),
+                     read_box=box_reader(meta.shape, meta.dtype, read_at))
 
 
 FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic,

@@ -6,6 +6,9 @@ import math
 import os
 import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, cast
 
@@ -15,7 +18,37 @@ from ..bounds import check_view
 from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
-           "strided"]
+           "released_on_failure", "strided"]
+
+#: The file sources opened inside the innermost :func:`released_on_failure` block.
+_OPENED: ContextVar[list[FileSource] | None] = ContextVar("torchgraft_opened", default=None)
+
+
+@contextmanager
+def released_on_failure() -> Iterator[None]:
+    """Close every :class:`FileSource` opened in the block if the block fails.
+
+    :func:`~torchgraft.io.registry.open_contents` runs each format's opener in one: a reader
+    that raises on a refused file keeps no descriptor, whether or not it closes its sources
+    itself. Sources opened in a block that succeeds count as opened in the enclosing block
+    (a shard opened by an index that is then refused is closed too).
+
+    Yields:
+        Nothing.
+    """
+    opened: list[FileSource] = []
+    token = _OPENED.set(opened)
+    try:
+        yield
+    except BaseException:
+        for source in opened:
+            source.close()
+        raise
+    finally:
+        _OPENED.reset(token)
+    outer = _OPENED.get()
+    if outer is not None:
+        outer.extend(opened)
 
 
 class ByteSource:
@@ -117,6 +150,9 @@ class FileSource(ByteSource):
         self._storage: torch.UntypedStorage | None = None
         self._fd: int | None = fd
         self._lock = threading.Lock()
+        opening = _OPENED.get()
+        if opening is not None:
+            opening.append(self)
 
     @property
     def fd(self) -> int:

@@ -12,6 +12,7 @@ import torch
 from ..errors import CorruptCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import StorageType
+from .boxes import box_reader
 from .source import ByteSource, FileSource, check_view, contiguous_strides, strided
 
 __all__ = ["Storage", "StorageTensors", "text"]
@@ -121,9 +122,18 @@ class StorageTensors(ABC):
         def span() -> tuple[str, int]:
             return self.source.name, self.locate(storage) + offset * view_dtype.itemsize
 
+        located: list[int] = []  # the zip header is read once, not once per run of a block
+
+        def read_at(start: int, out: torch.Tensor) -> None:
+            if not located:
+                located.append(self.locate(storage) + offset * view_dtype.itemsize)
+            cast(FileSource, self.source).read_into(located[0] + start, out,
+                                                    what=f"storage '{storage.key}'")
+
         direct = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
                   and stride == contiguous_strides(size) and self.stored_plainly(storage))
         return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read,
                          read_into if direct else None,
                          alias_key=(id(self), storage, offset, size, stride, view_dtype),
-                         span=span if direct else None)
+                         span=span if direct else None,
+                         read_box=box_reader(size, view_dtype, read_at) if direct else None)

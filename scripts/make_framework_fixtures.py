@@ -1,0 +1,372 @@
+"""Write the other frameworks' fixture files (tests/fixtures/frameworks/), with each one's writer.
+
+Each subcommand runs in the environment that has its framework, never torchgraft's own:
+
+    python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
+    /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
+    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
+
+Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
+with the framework's outputs for fixed inputs beside it (``*_io.npz``) so that tests check
+equal outputs without the framework. Versions go to tests/fixtures/frameworks/MANIFEST.json.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "frameworks"
+
+
+def _record(name: str, files: list[str], how: str, packages: list[str]) -> None:
+    manifest_path = OUT / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest[name] = {"files": files, "how": how,
+                      "versions": {p: importlib.metadata.version(p) for p in packages}}
+    manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+def _llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf ``LlamaModel.permute``: rotary rows interleaved."""
+    return (weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def make_gguf() -> None:
+    """A tiny transformers Llama written by gguf-py's GGUFWriter, in several GGML types.
+
+    Q8_0 and Q4_0 come from gguf.quants.quantize of the model's weights. gguf-py has no
+    quantizer for the K-quants: their blocks are random codes (valid Q4_K / Q6_K blocks with
+    small scales), and the model takes the weights gguf.quants.dequantize reads from them. So
+    the model's weights are exactly what the file holds (the reference outputs are the
+    transformers model's), and the Q8_0/Q4_0 error against the float model is recorded too.
+    """
+    import gguf
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    q = gguf.GGMLQuantizationType
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=False,
+                         rope_theta=10000.0)
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
+    with torch.no_grad():
+        float_logits = model(ids).logits.numpy()
+    types = {"self_attn.q_proj": q.Q4_K, "self_attn.k_proj": q.Q8_0, "self_attn.v_proj": q.Q4_0,
+             "self_attn.o_proj": q.Q6_K, "mlp.gate_proj": q.Q8_0, "mlp.up_proj": q.Q4_K,
+             "mlp.down_proj": q.Q6_K}
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    heads = {"self_attn.q_proj": config.num_attention_heads,
+             "self_attn.k_proj": config.num_key_value_heads}
+    path = OUT / "gguf" / "llama_mixed.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    with torch.no_grad():
+        state = model.state_dict()
+        for i in range(config.num_hidden_layers):
+            for part, gname in names.items():
+                key = f"model.layers.{i}.{part}.weight"
+                weight = state[key].numpy()
+                qtype = types.get(part)
+                if qtype is None:
+                    writer.add_tensor(f"blk.{i}.{gname}.weight", weight)
+                    continue
+                if qtype in (q.Q4_K, q.Q6_K):
+                    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                    codes = rng.integers(0, 256, (weight.shape[0],
+                                                  weight.shape[1] // block * nbytes), np.uint8)
+                    scale = np.full((*codes.shape[:-1], codes.shape[1] // nbytes, 1),
+                                    np.float16(0.002)).view(np.uint8)
+                    blocks = codes.reshape(codes.shape[0], -1, nbytes)
+                    if qtype == q.Q4_K:
+                        blocks[..., 0:2] = scale[..., 0:2]
+                        blocks[..., 2:4] = scale[..., 0:2]  # dmin
+                    else:
+                        blocks[..., -2:] = scale[..., 0:2]
+                    codes = blocks.reshape(codes.shape)
+                else:
+                    codes = gguf.quants.quantize(weight, qtype)
+                exact = gguf.quants.dequantize(codes, qtype).astype(np.float32)
+                state[key].copy_(torch.from_numpy(exact))
+                if part in heads:
+                    codes = _llama_permute(codes, heads[part])
+                writer.add_tensor(f"blk.{i}.{gname}.weight", codes, raw_dtype=qtype)
+        writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"].numpy()
+                          .astype(np.float16))
+        state["model.embed_tokens.weight"].copy_(
+            state["model.embed_tokens.weight"].half().float())
+        writer.add_tensor("output_norm.weight", state["model.norm.weight"].numpy())
+        head = state["lm_head.weight"].numpy()
+        head_codes = gguf.quants.quantize(head, q.Q8_0)
+        state["lm_head.weight"].copy_(torch.from_numpy(
+            gguf.quants.dequantize(head_codes, q.Q8_0).astype(np.float32)))
+        writer.add_tensor("output.weight", head_codes, raw_dtype=q.Q8_0)
+        logits = model(ids).logits.numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    np.savez(OUT / "gguf" / "llama_mixed_io.npz", ids=ids.numpy(), logits=logits,
+             float_logits=float_logits)
+    _record("gguf/llama_mixed", ["gguf/llama_mixed.gguf", "gguf/llama_mixed_io.npz"],
+            "transformers LlamaForCausalLM (seed 0) written with gguf.GGUFWriter as llama.cpp's "
+            "converter does (q/k rows permuted); Q8_0/Q4_0 by gguf.quants.quantize, Q4_K/Q6_K "
+            "random valid blocks (gguf-py has no K-quantizer) with the model set to their "
+            "gguf.quants.dequantize values; logits: the transformers model holding exactly the "
+            "file's dequantized weights; float_logits: before quantization",
+            ["gguf", "transformers", "torch", "numpy"])
+
+
+# --- Keras / TensorFlow ---------------------------------------------------------------------
+
+def _randomise_keras(model: Any, rng: np.random.Generator) -> None:
+    """Random values for every variable (BatchNorm statistics included), variances positive."""
+    for variable in model.weights:
+        shape = tuple(variable.shape)
+        value = rng.standard_normal(shape).astype(np.float32) * 0.5
+        if "variance" in getattr(variable, "path", variable.name):
+            value = np.abs(value) + 0.5
+        variable.assign(value)
+
+
+def make_keras() -> None:
+    """Keras 3, tf.keras and transformers' TF models, saved by their own functions.
+
+    Keras 3 models by model.save (.keras) and save_weights (.weights.h5); a tf.keras (Keras 2)
+    model by save_weights to legacy HDF5; transformers' TFBertModel by save_pretrained
+    (tf_model.h5). Outputs for fixed inputs beside each.
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tf_keras
+    from transformers import BertConfig, TFBertModel
+
+    out = OUT / "keras"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((8, 8, 3))
+    x = layers.Conv2D(4, 3, name="stem")(inputs)
+    x = layers.BatchNormalization(name="stem_bn")(x)
+    x = layers.ReLU()(x)
+    x = layers.DepthwiseConv2D(3, padding="same", name="dw")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(6, name="fc")(x)
+    x = layers.LayerNormalization(name="norm")(x)
+    outputs = layers.Dense(3, name="head")(x)
+    cnn = keras.Model(inputs, outputs)
+    _randomise_keras(cnn, rng)
+    image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    cnn.save(out / "cnn.keras")
+    cnn.save_weights(out / "cnn.weights.h5")
+    np.savez(out / "cnn_io.npz", x=image, y=np.asarray(cnn(image, training=False)))
+
+    tokens = keras.Input((5,), dtype="int32")
+    h = layers.Embedding(10, 8, name="embed")(tokens)
+    h = layers.MultiHeadAttention(2, 4, name="attn")(h, h)
+    h = layers.Dense(3, name="out")(h)
+    attention = keras.Model(tokens, h)
+    _randomise_keras(attention, rng)
+    ids = rng.integers(0, 10, (2, 5)).astype(np.int32)
+    attention.save(out / "attention.keras")
+    np.savez(out / "attention_io.npz", ids=ids, y=np.asarray(attention(ids)))
+
+    tf_keras.utils.set_random_seed(0)
+    legacy = tf_keras.Sequential([
+        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+        tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(5),
+    ])
+    _randomise_keras(legacy, rng)
+    legacy.save_weights(str(out / "legacy.h5"))
+    np.savez(out / "legacy_io.npz", x=image, y=legacy(image, training=False).numpy())
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=16)
+    bert = TFBertModel(config)
+    bert_ids = rng.integers(0, 50, (2, 6)).astype(np.int32)
+    bert(bert_ids)
+    bert.save_pretrained(out / "tf_bert")
+    (out / "tf_bert" / "config.json").unlink()
+    np.savez(out / "tf_bert_io.npz", ids=bert_ids,
+             y=bert(bert_ids, training=False).last_hidden_state.numpy())
+    _record("keras", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "keras 3 functional models (seeded, variables randomised) saved with model.save and "
+            "save_weights; a tf_keras Sequential with save_weights('.h5'); transformers "
+            "TFBertModel.save_pretrained (tf_model.h5); *_io.npz: the framework's outputs",
+            ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
+
+
+# --- Flax -----------------------------------------------------------------------------------
+
+def make_flax() -> None:
+    """Flax linen models and transformers' FlaxBertModel, saved by Flax's own functions.
+
+    flax.serialization.to_bytes for the linen models, save_pretrained (flax_model.msgpack) for
+    FlaxBertModel; outputs for fixed inputs beside each.
+    """
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from flax import serialization
+
+    out = OUT / "flax"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Conv(4, (3, 3), padding="VALID")(x)
+            x = nn.BatchNorm(use_running_average=True)(x)
+            x = nn.relu(x).mean((1, 2))
+            x = nn.LayerNorm()(nn.Dense(6)(x))
+            return nn.Dense(3)(x)
+
+    class Attention(nn.Module):
+        @nn.compact
+        def __call__(self, ids: Any) -> Any:
+            x = nn.Embed(10, 8, name="embed")(ids)
+            x = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, name="attn")(x, x)
+            return nn.Dense(3, name="head")(x)
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any, _: Any) -> tuple[Any, None]:
+            return x + nn.relu(nn.Dense(8, name="fc")(nn.LayerNorm(name="norm")(x))), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            x = nn.Dense(8, name="inp")(x)
+            blocks = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                             length=3)
+            x, _ = blocks(name="blocks")(x, None)
+            return nn.Dense(2, name="out")(x)
+
+    def randomise(variables: Any) -> Any:
+        def one(path: Any, leaf: Any) -> Any:
+            value = rng.standard_normal(leaf.shape).astype(np.float32) * 0.5
+            if "var" in str(path[-1]):
+                value = np.abs(value) + 0.5
+            return jnp.asarray(value)
+        return jax.tree_util.tree_map_with_path(one, variables)
+
+    cases = {
+        "cnn": (CNN(), rng.standard_normal((2, 8, 8, 3)).astype(np.float32)),
+        "attention": (Attention(), rng.integers(0, 10, (2, 5)).astype(np.int32)),
+        "scan": (Stack(), rng.standard_normal((2, 4)).astype(np.float32)),
+    }
+    for name, (module, x) in cases.items():
+        variables = randomise(module.init(jax.random.PRNGKey(0), x))
+        (out / f"{name}.msgpack").write_bytes(serialization.to_bytes(variables))
+        np.savez(out / f"{name}_io.npz", x=x, y=np.asarray(module.apply(variables, x)))
+
+    from transformers import BertConfig, FlaxBertModel
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16)
+    bert = FlaxBertModel(config, seed=0)
+    ids = rng.integers(0, 50, (2, 6)).astype(np.int32)
+    bert.save_pretrained(out / "flax_bert")
+    (out / "flax_bert" / "config.json").unlink()
+    np.savez(out / "flax_bert_io.npz", ids=ids, y=np.asarray(bert(ids).last_hidden_state))
+    _record("flax", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "flax linen models (variables randomised, seed 0; one with nn.scan-stacked layers) "
+            "saved with flax.serialization.to_bytes; transformers FlaxBertModel.save_pretrained "
+            "(flax_model.msgpack); *_io.npz: the framework's outputs",
+            ["jax", "flax", "transformers", "numpy"])
+
+
+# --- MLX ------------------------------------------------------------------------------------
+
+def make_mlx() -> None:
+    """An mlx-lm quantized Llama and an MLX CNN, saved by MLX's own functions.
+
+    The Llama is quantized by mlx_lm.utils.quantize_model (4 bits, groups of 32) and saved by
+    save_model/save_config; the CNN by save_weights (.safetensors, .npz).
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    out = OUT / "mlx"
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(0)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
+    float_logits = np.array(model(ids))
+    model, quantized_config = quantize_model(model, config, group_size=32, bits=4)
+    logits = np.array(model(ids))
+    layer = model.model.layers[0].self_attn.q_proj
+    dequantized = np.array(mx.dequantize(layer.weight, layer.scales, layer.biases,
+                                         group_size=32, bits=4))
+    save_model(out / "llama_q4", model)
+    save_config(quantized_config, out / "llama_q4" / "config.json")
+    np.savez(out / "llama_q4_io.npz", ids=np.array(ids), logits=logits,
+             float_logits=float_logits, q_proj_0=dequantized)
+
+    class CNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.conv2 = nn.Conv2d(4, 6, 3, padding=1)
+            self.fc = nn.Linear(6, 3)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc(nn.relu(self.conv2(nn.relu(self.conv(x)))).mean(axis=(1, 2)))
+
+    cnn = CNN()
+    mx.eval(cnn.parameters())
+    x = mx.random.normal((2, 8, 8, 3))
+    cnn.save_weights(str(out / "cnn.safetensors"))
+    cnn.save_weights(str(out / "cnn.npz"))
+    np.savez(out / "cnn_io.npz", x=np.array(x), y=np.array(cnn(x)))
+    _record("mlx", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "mlx-lm llama.Model (mx.random.seed 0) quantized by mlx_lm.utils.quantize_model "
+            "(affine, 4 bits, group 32) and saved by save_model/save_config; logits: the "
+            "quantized MLX model's, float_logits: before quantization, q_proj_0: "
+            "mx.dequantize of layer 0's q_proj; an MLX CNN saved by save_weights",
+            ["mlx", "mlx-lm", "numpy"])
+
+
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras,
+                                          "flax": make_flax, "mlx": make_mlx}
+
+if __name__ == "__main__":
+    for command in sys.argv[1:] or list(COMMANDS):
+        COMMANDS[command]()

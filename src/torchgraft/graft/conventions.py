@@ -1,0 +1,124 @@
+"""Roles of modules from their names: the conventions of the code bases people graft between.
+
+A role (``q``, ``o``, ``gate``, ``norm#1``...) says what a module does whatever a code base
+calls it: ``q_proj``, ``query``, ``wq`` and ``to_q`` are all ``q``. Structural matching uses
+roles to tell apart candidates that shapes cannot (the q, k and v of a block, its two norms).
+The conventions are data (:data:`CONVENTIONS`): a pattern searched at the end of a module's
+path, the role it gives, and, where a code base gives a name its own meaning, the siblings
+that say which code base it is (xformers' ``w3`` is the down projection where a ``w12``
+sits beside it; Meta's is the up projection).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["CONVENTIONS", "Convention", "role_of", "unit_of"]
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One naming convention.
+
+    Attributes:
+        role: The role it gives.
+        pattern: A regex searched at the end of the module path (``$`` is added).
+        siblings: Module names one of which must sit beside it for the convention to apply.
+    """
+
+    role: str
+    pattern: str
+    siblings: frozenset[str] = frozenset()
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "regex", re.compile(r"(?:^|\.)(?:" + self.pattern + r")$"))
+
+
+_ATTN = r"(?:attn|attention|self_attn|self_attention|mixer|attention\.output|encoder_attn)\."
+_MLP = r"(?:mlp|ffn|feed_forward|feedforward|experts\.\d+|block_sparse_moe\.experts\.\d+)\."
+
+#: Module names that make their sibling ``o`` or ``proj`` an attention output projection.
+_ATTENTION_PARTS = frozenset({"q", "k", "v", "query", "key", "value", "wq", "q_proj", "qkv",
+                              "c_attn", "wqkv", "Wqkv", "query_key_value", "qkv_proj"})
+
+#: The conventions, first match wins: specific before generic.
+CONVENTIONS: tuple[Convention, ...] = (
+    Convention("qkv", r"\{q.*\}|qkv|c_attn|wqkv|Wqkv|qkv_proj|query_key_value|in_proj|to_qkv"),
+    Convention("q", r"q|query|wq|q_proj|to_q|q_lin|self_q"),
+    Convention("k", r"k|key|wk|k_proj|to_k|k_lin"),
+    Convention("v", r"v|value|wv|v_proj|to_v|v_lin"),
+    Convention("o", _ATTN + r"(?:o|o_proj|wo|out_proj|out_lin|to_out(?:\.0)?|dense|c_proj|"
+                            r"proj|out)"),
+    Convention("o", r"attention\.output\.dense"),
+    Convention("o", r"o|wo|out|proj|o_proj|out_proj|dense|c_proj", siblings=_ATTENTION_PARTS),
+    Convention("gate_up", r"\{gate.*\}|gate_up_proj|gate_up|w13|w12"),
+    Convention("down", r"w3", siblings=frozenset({"w12"})),
+    Convention("gate", r"gate_proj|gate|wi_0|fc_gate|" + _MLP + r"w1"),
+    Convention("up", r"up_proj|up|wi_1|" + _MLP + r"w3"),
+    Convention("down", r"down_proj|down|" + _MLP + r"(?:w2|wo|c_proj|fc2|fc_out|lin2)"),
+    Convention("up", r"fc1|c_fc|fc_in|lin1|wi|dense_h_to_4h|intermediate\.dense"),
+    Convention("down", r"fc2|fc_out|lin2|dense_4h_to_h|\d+\.output\.dense"),
+    Convention("norm_q", r"q_norm|q_layernorm|query_norm|norm_q"),
+    Convention("norm_k", r"k_norm|k_layernorm|key_norm|norm_k"),
+    Convention("norm#1", r"attention\.output\.LayerNorm|input_layernorm|attention_norm|"
+                         r"attn_norm|layernorm_before|ln_attn|self_attn_layer_norm|sa_norm|"
+                         r"pre_attention_norm"),
+    Convention("norm#2", r"\d+\.output\.LayerNorm|post_attention_layernorm|ffn_norm|"
+                         r"mlp_norm|layernorm_after|ln_mlp|final_layer_norm|ff_norm"),
+    Convention("embed", r"embed_tokens|wte|tok_embeddings|word_embeddings|token_embedding|"
+                        r"embed_in|tok_emb|token_embeddings"),
+    Convention("pos_embed", r"wpe|position_embeddings|pos_embed|pos_emb|positional_embedding|"
+                            r"embed_positions|position_embedding"),
+    Convention("shortcut", r"(?:shortcut|downsample|skip|skip_connection|conv_shortcut|"
+                           r"proj_shortcut)(?:\.\d+)?"),
+    Convention("head", r"lm_head|head|classifier|embed_out|logits|(?:head\.)?fc"),
+)
+
+_NUMBERED_NORM = re.compile(r"(?:^|\.)(?:norm|ln|bn|layernorm|layer_norm|gn)_?(\d+)$")
+#: A part of a fused tensor split by torchgraft (``attn.qkv[1]``), and the roles of its parts.
+_PART = re.compile(r"^(.*)\[(\d+)\]$")
+_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+
+
+def role_of(path: str, siblings: frozenset[str] = frozenset()) -> str | None:
+    """The role of a module from its path (``layers.0.self_attn.q_proj`` is ``q``).
+
+    Args:
+        path: The module's path.
+        siblings: The names of the modules beside it (under the same parent).
+
+    Returns:
+        The role, or ``None`` when no convention names it.
+    """
+    part = _PART.match(path)
+    if part:
+        parts = _PARTS.get(role_of(part.group(1), siblings) or "", ())
+        index = int(part.group(2))
+        return parts[index] if index < len(parts) else None
+    numbered = _NUMBERED_NORM.search(path)
+    if numbered:
+        return f"norm#{int(numbered.group(1))}"
+    for convention in CONVENTIONS:
+        if convention.regex.search(path) and (
+                not convention.siblings or convention.siblings & siblings):
+            return convention.role
+    return None
+
+
+def unit_of(path: str) -> str:
+    """The unit a module belongs to: its nearest numbered ancestor (a block), else the root.
+
+    ``layer1.0.downsample.1`` and ``layer1.0.bn2`` are both in ``layer1.0``;
+    ``features.3`` (a module of a top-level ``Sequential``) is in the root unit ``""``.
+
+    Args:
+        path: A module path.
+
+    Returns:
+        The unit's path.
+    """
+    parts = path.split(".")[:-1]
+    last = max((k for k, part in enumerate(parts) if part.isdigit()), default=-1)
+    return ".".join(parts[: last + 1])

@@ -1,0 +1,98 @@
+"""How each loaded key is known, and the verdict a graft earns from it.
+
+Every target key a plan fills carries its :class:`Evidence`; the report's :class:`Verdict`
+follows from the evidence of all keys, what is missing, and whether outputs were compared:
+
+- ``ok``: every key is filled and known by name or structure, or outputs were compared equal.
+- ``unverified``: every key is filled, but some were guesses among interchangeable candidates
+  (each listed in ``report.guesses`` with its alternatives and how to settle it).
+- ``incomplete``: keys are missing.
+- ``diverged``: outputs were compared and differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["EXIT_CODES", "NAME_STEPS", "SETTLE", "Evidence", "Guess", "MatchStep", "TextEnum",
+           "Verdict"]
+
+
+class TextEnum(str, Enum):
+    """An enum whose members are their text: equal to it, and printed and dumped as it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class MatchStep(TextEnum):
+    """Which matching step paired a target key with a source key."""
+
+    EXACT = "exact"
+    RULE = "rule"
+    LAYOUT = "layout"
+    WRAPPER = "wrapper"
+    PREFIX = "prefix"
+    STRUCTURE = "structure"
+
+
+#: Steps that pair by name: their keys are known by ``name``.
+NAME_STEPS = frozenset({MatchStep.EXACT, MatchStep.RULE, MatchStep.LAYOUT, MatchStep.WRAPPER,
+                        MatchStep.PREFIX})
+
+
+class Evidence(TextEnum):
+    """How a loaded key is known to be the right one.
+
+    Attributes:
+        NAME: By its name: exact, without wrappers, through a rule or a known layout.
+        STRUCTURE: The only candidate of its role and shape in an aligned unit, or ordered
+            among numbered siblings by their numbers.
+        GUESS: One of several interchangeable candidates (same shape, no name to tell them
+            apart), or a layout that shapes alone cannot decide.
+        VERIFIED: Outputs were compared equal after the graft.
+    """
+
+    NAME = "name"
+    STRUCTURE = "structure"
+    GUESS = "guess"
+    VERIFIED = "verified"
+
+
+class Verdict(TextEnum):
+    """The verdict of a graft, best first."""
+
+    OK = "ok"
+    UNVERIFIED = "unverified"
+    INCOMPLETE = "incomplete"
+    DIVERGED = "diverged"
+
+
+#: The CLI's exit code for each verdict (2 is bad input).
+EXIT_CODES = {Verdict.OK: 0, Verdict.INCOMPLETE: 1, Verdict.UNVERIFIED: 3, Verdict.DIVERGED: 4}
+
+#: How a guess can be settled, the same for every guess.
+SETTLE = ("give example_inputs (and a source module or source_model=) so outputs are compared, "
+          "or a rule that names its source")
+
+
+@dataclass(frozen=True)
+class Guess:
+    """A key filled by a guess: what else could have filled it and why it could not be told.
+
+    Attributes:
+        alternatives: Source keys (or layouts) that fit it as well.
+        why: Why they could not be told apart.
+        settle: How to settle it.
+    """
+
+    alternatives: tuple[str, ...]
+    why: str
+    settle: str = SETTLE
+
+    def describe(self) -> str:
+        """One line for the report: why, and the alternatives."""
+        shown = ", ".join(f"'{a}'" for a in self.alternatives[:3])
+        more = f" and {len(self.alternatives) - 3} more" if len(self.alternatives) > 3 else ""
+        return f"{self.why}" + (f"; alternatives {shown}{more}" if shown else "")

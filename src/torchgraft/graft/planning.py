@@ -1,0 +1,85 @@
+"""What a plan is made of: its steps, the plan itself, and the keys that never fail a graft."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .adapt import Init, Op
+from .evidence import Evidence, Guess, MatchStep
+
+__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "is_bookkeeping"]
+
+Match = Literal["auto", "name", "structure"]
+
+# Buffers that count steps or hold constants: never a reason for a graft to fail.
+BOOKKEEPING = (
+    re.compile(r"(^|\.)num_batches_tracked$"),
+    re.compile(r"(^|\.)position_ids$"),
+    re.compile(r"(^|\.)attn\.(masked_)?bias$"),
+)
+
+
+#: How an unused source tensor whose target was re-initialised is described.
+REINITIALISED = "was re-initialised instead: the shapes differ"
+
+
+def is_bookkeeping(name: str) -> bool:
+    """Whether a key is a bookkeeping buffer (``num_batches_tracked``...)."""
+    return any(p.search(name) for p in BOOKKEEPING)
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    """One target tensor filled from one source tensor.
+
+    Attributes:
+        target: The target key.
+        source: The source key.
+        matched_by: The matching step: exact, rule, layout, wrapper, prefix or structure.
+        ops: Adaptations applied in order; empty for a plain copy.
+        cast: ``"float16->float32"`` when the dtypes differ, else ``""``.
+        evidence: How the pairing is known: by name, by structure, or a guess.
+    """
+
+    target: str
+    source: str
+    matched_by: MatchStep
+    ops: tuple[Op, ...] = ()
+    cast: str = ""
+    evidence: Evidence = Evidence.NAME
+
+    def describe(self) -> str:
+        """What was done to the tensor, for the report (empty for a plain copy)."""
+        parts = [op.describe() for op in self.ops] + ([f"cast {self.cast}"] if self.cast else [])
+        return "; ".join(parts)
+
+
+@dataclass
+class Plan:
+    """Everything a graft will do, decided before any tensor byte is read.
+
+    Attributes:
+        steps: The tensors to fill, in the target's order.
+        missing: Target keys left as they are, with the reason.
+        unused: Source keys not used, with the reason.
+        reinitialised: Target keys given fresh values (``init=``) instead of the checkpoint's,
+            with the reason (a new classifier head).
+        tied: Target key to the key it is tied to, filled through that key.
+        warnings: What the plan could not be sure of.
+        init: How re-initialised tensors are filled.
+        guesses: Target keys filled by a guess, with their alternatives.
+        surplus: Unused source keys of blocks the model lacks (a deeper checkpoint), with the
+            reason: the model then computes something else than the checkpoint's.
+    """
+
+    steps: list[PlanStep] = field(default_factory=list)
+    missing: dict[str, str] = field(default_factory=dict)
+    unused: dict[str, str] = field(default_factory=dict)
+    reinitialised: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    init: Init = "keep"
+    guesses: dict[str, Guess] = field(default_factory=dict)
+    surplus: dict[str, str] = field(default_factory=dict)

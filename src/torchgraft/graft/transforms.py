@@ -1,0 +1,222 @@
+"""What a pair of tensors needs on the way, or why it cannot be filled.
+
+Transposes, rotary rows, dequantisation, casts, and the shape adaptations users mean: a first
+convolution's input channels, a head's or an embedding's rows. A width that differs inside the
+network (a norm, a hidden size) is another configuration of the architecture: refused, never
+adapted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..meta import dtype_name
+from ..quantized import is_quantized
+from .adapt import (
+    Dequantize,
+    Derived,
+    Init,
+    InputChannels,
+    LabelMap,
+    Op,
+    RotaryPermute,
+    Rows,
+    Transpose,
+    label_pairs,
+)
+from .conventions import role_of
+from .evidence import NAME_STEPS, Evidence, MatchStep
+from .layouts import Layout
+from .planning import REINITIALISED, Plan, PlanStep
+from .sides import Side, TensorInfo
+
+__all__ = ["Options", "decide", "fits_for"]
+
+
+def _transpose(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> Transpose | None:
+    for layout in layouts:
+        if layout.transposed(src, dst):
+            return Transpose(layout.why)
+    return None
+
+
+# Module kinds that hold the same thing in another layout (a Conv1D bias is a Linear bias).
+_SAME_KIND = {"gpt2_conv1d": "linear"}
+
+
+def _kinds_differ(src: TensorInfo, dst: TensorInfo) -> bool:
+    if src.kind is None or dst.kind is None:
+        return False
+    return _SAME_KIND.get(src.kind, src.kind) != _SAME_KIND.get(dst.kind, dst.kind)
+
+
+def fits_for(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bool]:
+    """Whether a source tensor can fill a target tensor: shape (or transposed), module kind."""
+    def fits(src: TensorInfo, dst: TensorInfo) -> bool:
+        transposed = _transpose(src, dst, layouts) is not None
+        if _kinds_differ(src, dst) and not transposed:
+            return False
+        return (src.shape[::-1] if transposed else src.shape) == dst.shape
+    return fits
+
+
+def _rotary(target: str, dst: Side, layouts: Sequence[Layout]) -> RotaryPermute | str | None:
+    """The rotary permutation a target tensor needs; a reason when its head size is unknown."""
+    for layout in layouts:
+        if layout.rotary is None or not layout.rotary.targets.search(target):
+            continue
+        module = target
+        while module:
+            module = module.rpartition(".")[0]
+            if module in dst.head_dims:
+                return RotaryPermute(dst.head_dims[module], layout.rotary.to_meta)
+        return (f"Cannot load '{target}': its rotary rows are in {layout.name.split('->')[0]}'s "
+                "order and the model says no head_dim to reorder them by (give its attention "
+                "module a head_dim attribute).")
+    return None
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user allowed, and what the target says, for every pair's decision.
+
+    Attributes:
+        layouts: The layouts between the two sides.
+        dst: The target side.
+        adapt: Whether shapes may be adapted (rows, input channels).
+        init: How new rows and re-initialised heads are filled.
+        label_map: Which source rows fill which target rows.
+        derived: Virtual source keys (fused, split, stacked) to how they were made.
+        vocab: Row counts of the target's embeddings (a head as wide is a vocabulary).
+        heads: Target modules that are an output head: by role, or the last module used.
+        first: The target's first module used (whose input channels may be adapted).
+    """
+
+    layouts: Sequence[Layout]
+    dst: Side
+    adapt: bool = True
+    init: Init = "keep"
+    label_map: LabelMap | None = None
+    derived: Mapping[str, str] = field(default_factory=dict)
+    vocab: frozenset[int] = frozenset()
+    heads: frozenset[str] = frozenset()
+    first: str = ""
+
+    @classmethod
+    def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
+        """Options with the target's vocabularies and heads found once."""
+        vocab = frozenset(info.shape[0] for info in dst.tensors.values()
+                          if info.kind == "embedding" and len(info.shape) == 2)
+        modules = [dst.tensors[k].module for k in dst.order if dst.tensors[k].kind != "norm"]
+        heads = {m for m in dict.fromkeys(modules) if role_of(m) == "head"}
+        heads |= {modules[-1]} if modules else set()
+        return cls(layouts, dst, vocab=vocab, heads=frozenset(heads),
+                   first=modules[0] if modules else "", **kwargs)
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return str(shape) if len(shape) != 1 else f"({shape[0]},)"
+
+
+def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...],
+           options: Options) -> Op | str | None:
+    """The adaptation turning ``shape`` into the target's; a reason to re-initialise it.
+
+    ``None`` when it cannot be adapted: a width inside the network (a norm, a hidden size).
+    """
+    if len(shape) != len(dst.shape) or not shape or dst.kind == "norm":
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(shape, dst.shape, strict=True)) if a != b]
+    init = options.init
+    if (differ == [1] and len(shape) in (3, 4, 5) and dst.kind in ("conv", None)
+            and dst.module == options.first):
+        return InputChannels(shape[1], dst.shape[1], init)
+    if differ != [0]:
+        return None
+    if dst.kind == "embedding" or dst.shape[0] in options.vocab:
+        return Rows(shape[0], dst.shape[0], init, None if options.label_map is None else
+                    label_pairs(options.label_map, shape[0], dst.shape[0]))
+    if dst.module not in options.heads:
+        return None
+    if options.label_map is not None:
+        return Rows(shape[0], dst.shape[0], init,
+                    label_pairs(options.label_map, shape[0], dst.shape[0]))
+    return (f"the checkpoint has {shape[0]} rows ('{src.name}'), the model {dst.shape[0]}: a new "
+            f"head, re-initialised (init={init!r}); pass label_map=... to keep rows that "
+            "correspond")
+
+
+def _inside(dst: TensorInfo, options: Options) -> bool:
+    """Whether a tensor is inside the network: not a head, an embedding or the input layer."""
+    return dst.kind != "embedding" and dst.module not in options.heads | {options.first}
+
+
+def _refuse(plan: Plan, target: str, source: str, shapes: tuple[tuple[int, ...], ...],
+            options: Options) -> None:
+    """Record a target that no adaptation fits, with the reason and the fix."""
+    shape, wanted = (_shape_text(s) for s in shapes)
+    if not options.adapt:
+        fix = "Pass adapt=True to re-initialise it, or a rule that drops it."
+    elif _inside(options.dst.tensors[target], options):
+        fix = ("A width inside the network differs: the checkpoint is another configuration "
+               "of the architecture (build the model with the checkpoint's sizes), or add a "
+               "rule that drops it.")
+    else:
+        fix = ("Only a leading dimension (rows of a head or an embedding) or a convolution's "
+               "input channels can be adapted; add a rule that drops it.")
+    plan.missing[target] = (f"Cannot load '{target}': checkpoint has {shape} ('{source}'), model "
+                            f"expects {wanted}. {fix}")
+    plan.unused[source] = f"does not fit '{target}': {shape} vs {wanted}"
+
+
+def _ops(target: str, source: str, src: TensorInfo, dst: TensorInfo,
+         options: Options) -> tuple[list[Op], torch.dtype, RotaryPermute | str | None]:
+    """The layout operations a pair needs before any adaptation, and the dtype they give."""
+    ops: list[Op] = [Derived(options.derived[source])] if source in options.derived else []
+    dtype = src.dtype
+    if is_quantized(src.dtype) and not is_quantized(dst.dtype):
+        ops.append(Dequantize(dtype_name(src.dtype)))
+        dtype = torch.float32
+    transpose = _transpose(src, dst, options.layouts)
+    ops += [transpose] if transpose else []
+    return ops, dtype, _rotary(target, options.dst, options.layouts)
+
+
+def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo,
+           options: Options) -> None:
+    """Add the step that fills ``target`` from ``source``, or say why it cannot be filled.
+
+    Args:
+        plan: The plan, extended in place.
+        target: The target key.
+        source: The source key.
+        how: The step that paired them.
+        src: The source tensor's info.
+        options: The options.
+    """
+    dst = options.dst.tensors[target]
+    ops, dtype, rotary = _ops(target, source, src, dst, options)
+    if isinstance(rotary, str):
+        plan.missing[target] = rotary
+        plan.unused[source] = f"its rotary rows could not be reordered for '{target}'"
+        return
+    ops += [rotary] if rotary is not None else []
+    shape = src.shape[::-1] if any(isinstance(op, Transpose) for op in ops) else src.shape
+    if shape != dst.shape:
+        op = _adapt(src, dst, shape, options) if options.adapt else None
+        if isinstance(op, str):
+            plan.reinitialised[target] = op
+            plan.unused[source] = f"'{target}' {REINITIALISED}"
+            return
+        if op is None:
+            _refuse(plan, target, source, (shape, dst.shape), options)
+            return
+        ops.append(op)
+    cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
+    evidence = (Evidence.NAME if how in NAME_STEPS
+                else Evidence.GUESS if target in plan.guesses else Evidence.STRUCTURE)
+    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast, evidence))

@@ -1,0 +1,332 @@
+"""Keras and TensorFlow weights in HDF5, read with h5py, never TensorFlow.
+
+Keras 3 ``.keras`` / ``.weights.h5``, and the legacy tf.keras ``.h5`` that transformers writes
+as ``tf_model.h5``.
+
+Keras 3 stores each layer's variables by position (``layers/dense_1/vars/0``); the group's
+key is the layer class in snake case, which says what each position holds
+(:data:`KERAS3_VARIABLES`). The legacy format names them (``dense/kernel:0``) and lists layers
+in order in ``layer_names``. Either way the names are then translated by one table
+(:data:`LEAVES`): a Dense ``kernel [in, out]`` becomes a transposed ``weight``, a convolution's
+``HWIO`` kernel an ``OIHW`` one, BatchNormalization's ``gamma/beta/moving_mean/
+moving_variance`` become ``weight/bias/running_mean/running_var``, attention projections
+``[hidden, heads, dim]`` become Linear weights.
+
+Contiguous uncompressed datasets (what Keras writes) are memory-mapped at the offset HDF5
+reports; others are read through h5py. The group walk is depth- and size-limited.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
+from .base import Contents, Format, ReadOptions, closed_on_error
+from .framework import (
+    ATTENTION_PROJECTIONS,
+    Leaf,
+    import_optional,
+    record_head_dim,
+    relaid,
+    torch_layout,
+)
+from .source import FileSource
+from .torch_zip import first_zip_entry, read_member, zip_data_offset
+
+__all__ = ["FORMAT", "KERAS3_VARIABLES", "KERAS_ARCHIVE_FORMAT", "LEAVES"]
+
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+_KERAS_MEMBERS = ("metadata.json", "config.json", "model.weights.h5")
+_MAX_DEPTH = 32
+_MAX_GROUPS = 100_000
+_MAX_CONFIG = 64 << 20
+#: A compressed dataset may not claim more than this many times the file's size.
+_MAX_RATIO = 1100
+
+_CONV = ("transpose", "channels_last_kernel")
+#: Keras leaf names to PyTorch's, with layout operations by number of dimensions.
+LEAVES = (
+    Leaf("kernel", "weight", ((3, "heads_in"),), parent=ATTENTION_PROJECTIONS),
+    Leaf("kernel", "weight", ((3, "heads_out"),), parent=r"attention_output"),
+    Leaf("bias", "bias", ((2, "flatten"),), parent=ATTENTION_PROJECTIONS),
+    Leaf("kernel", "weight", ((2, "transpose"), (3, _CONV[1]), (4, _CONV[1]), (5, _CONV[1]))),
+    Leaf("depthwise_kernel", "weight", ((3, "depthwise_kernel"), (4, "depthwise_kernel"))),
+    Leaf("bias", "bias"),
+    Leaf("gamma", "weight"), Leaf("beta", "bias"),
+    Leaf("moving_mean", "running_mean"), Leaf("moving_variance", "running_var"),
+    Leaf("embeddings", "weight"),
+)
+
+#: Keras 3 layer classes (their group key, snake case, without a ``_N`` suffix) to the names
+#: of their variables by position.
+KERAS3_VARIABLES: dict[str, tuple[str, ...]] = {
+    "dense": ("kernel", "bias"), "einsum_dense": ("kernel", "bias"),
+    "query_dense": ("kernel", "bias"), "key_dense": ("kernel", "bias"),
+    "value_dense": ("kernel", "bias"), "output_dense": ("kernel", "bias"),
+    "conv1d": ("kernel", "bias"), "conv2d": ("kernel", "bias"), "conv3d": ("kernel", "bias"),
+    "conv1d_transpose": ("kernel", "bias"), "conv2d_transpose": ("kernel", "bias"),
+    "conv3d_transpose": ("kernel", "bias"),
+    "depthwise_conv1d": ("depthwise_kernel", "bias"),
+    "depthwise_conv2d": ("depthwise_kernel", "bias"),
+    "batch_normalization": ("gamma", "beta", "moving_mean", "moving_variance"),
+    "layer_normalization": ("gamma", "beta"),
+    "group_normalization": ("gamma", "beta"),
+    "rms_normalization": ("scale",),
+    "embedding": ("embeddings",),
+}
+#: Sub-layers whose order of use differs from their keys' order.
+_CHILD_ORDER = {"multi_head_attention": ("query_dense", "key_dense", "value_dense",
+                                         "output_dense")}
+_SUFFIX = re.compile(r"_\d+$")
+
+
+def _h5py() -> Any:
+    return import_optional("h5py", extra="keras", feature="Reading Keras/TensorFlow .h5 files")
+
+
+def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
+                 path: str) -> TensorRef:
+    """A lazy tensor over an HDF5 dataset: mapped in place when contiguous, else via h5py."""
+    dtype = dataset.dtype
+    torch_dtype = torch_dtype_of_numpy(dtype)
+    if torch_dtype is None:
+        raise UnsupportedCheckpointError(f"'{name}' has dtype {dtype}, which torch lacks",
+                                         path=path)
+    shape = tuple(int(d) for d in dataset.shape)
+    meta = TensorMeta.of(shape, torch_dtype)
+    offset = dataset.id.get_offset()
+    plain = (offset is not None and dataset.compression is None and not dataset.chunks
+             and dtype.isnative)
+    if plain and source is not None:
+        start = base + int(offset)
+        source.check_range(start, meta.nbytes, what=f"'{name}'")
+
+        def read() -> torch.Tensor:
+            return source.array(start, meta.nbytes, torch_dtype, what=f"'{name}'").view(shape)
+
+        def read_into(out: torch.Tensor) -> None:
+            source.read_into(start, out, what=f"'{name}'")
+
+        return TensorRef(meta, read, read_into, span=lambda: (source.name, start))
+    limit = _MAX_RATIO * max(source.size if source is not None else 0, 1 << 20)
+    if meta.nbytes > limit:
+        raise CorruptCheckpointError(f"'{name}' claims {shape} ({meta.nbytes} bytes), more than "
+                                     "the file can hold even compressed", path=path)
+
+    def read_h5() -> torch.Tensor:
+        with hdf5_faults(path):
+            value = np.asarray(dataset[()])
+        return torch.from_numpy(value.astype(dtype.newbyteorder("="), copy=True))
+
+    return TensorRef(meta, read_h5)
+
+
+def _children(group: Any, counter: list[int], path: str) -> list[tuple[str, Any]]:
+    counter[0] += len(group)
+    if counter[0] > _MAX_GROUPS:
+        raise CorruptCheckpointError(f"more than {_MAX_GROUPS} HDF5 groups", path=path)
+    keys = list(group.keys())
+    order = _CHILD_ORDER.get(_SUFFIX.sub("", group.name.rsplit("/", 1)[-1]))
+    if order:
+        keys.sort(key=lambda k: order.index(k) if k in order else len(order))
+    return [(key, group[key]) for key in keys]
+
+
+def _keras3_layers(group: Any, prefix: tuple[str, ...], depth: int, counter: list[int],
+                   path: str) -> Iterator[tuple[tuple[str, ...], str, Any]]:
+    """Yield (module path, class key, vars group) for every layer with variables, in order."""
+    if depth > _MAX_DEPTH:
+        raise CorruptCheckpointError(f"HDF5 groups nest more than {_MAX_DEPTH} deep", path=path)
+    h5py = _h5py()
+    for key, child in _children(group, counter, path):
+        if not isinstance(child, h5py.Group):
+            continue
+        if key == "layers":
+            yield from _keras3_layers(child, prefix, depth + 1, counter, path)
+            continue
+        if key == "vars":
+            continue
+        attrs_name = child["vars"].attrs.get("name") if "vars" in child else None
+        own = attrs_name if isinstance(attrs_name, str) and attrs_name else key
+        here = (*prefix, own)
+        variables = child.get("vars")
+        if variables is not None and len(variables):
+            yield here, key, variables
+        yield from _keras3_layers(child, here, depth + 1, counter, path)
+
+
+def _torch_entry(module: tuple[str, ...], leaf: str, stored: TensorRef, name: str,
+                 path: str, head_dims: dict[str, int]) -> tuple[str, TensorRef]:
+    record_head_dim(head_dims, module, leaf, stored.meta.shape)
+    parent = module[-1] if module else ""
+    found = torch_layout(LEAVES, parent, leaf, len(stored.meta.shape))
+    torch_leaf, op = found if found is not None else (leaf, None)
+    return ".".join((*module, torch_leaf)), relaid(stored, op, name=name, path=path)
+
+
+def _read_keras3(file: Any, source: FileSource | None, base: int, path: str,
+                 order: list[str], head_dims: dict[str, int]) -> dict[str, TensorRef]:
+    root: dict[str, TensorRef] = {}
+    layers = list(_keras3_layers(file, (), 0, [0], path))
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        layers.sort(key=lambda layer: rank.get(layer[0][0], len(rank)))
+    for module, key, variables in layers:
+        names = KERAS3_VARIABLES.get(_SUFFIX.sub("", key), ())
+        for index in sorted(variables.keys(), key=lambda k: int(k) if k.isdigit() else -1):
+            position = int(index) if index.isdigit() else -1
+            leaf = names[position] if 0 <= position < len(names) else f"var{index}"
+            where = f"{variables.name}/{index}"
+            stored = _dataset_ref(variables[index], source, base, where, path)
+            name, ref = _torch_entry(module, leaf, stored, where, path, head_dims)
+            if name in root:
+                raise CorruptCheckpointError(f"two variables are named '{name}'", path=path)
+            root[name] = ref
+    return root
+
+
+def _strings(value: Any) -> list[str]:
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(value)]
+
+
+def _read_legacy(file: Any, source: FileSource | None, base: int, path: str,
+                 head_dims: dict[str, int]) -> dict[str, TensorRef]:
+    """tf.keras ``save_weights(.h5)``: ``layer_names`` in order, each with ``weight_names``."""
+    root: dict[str, TensorRef] = {}
+    group = file.get("model_weights", file)
+    for layer in _strings(group.attrs["layer_names"]):
+        weights = group[layer]
+        for weight in _strings(weights.attrs.get("weight_names", [])):
+            parts = re.sub(r":\d+$", "", weight).split("/")
+            parts = parts[parts.index(layer):] if layer in parts else [layer, *parts]
+            module = tuple(p for part in parts[:-1] for p in part.split("_._") if p)
+            stored = _dataset_ref(weights[weight], source, base, weight, path)
+            name, ref = _torch_entry(module, parts[-1], stored, weight, path, head_dims)
+            if name in root:
+                raise CorruptCheckpointError(f"two weights are named '{name}'", path=path)
+            root[name] = ref
+    return root
+
+
+def _read_hdf5(file: Any, source: FileSource | None, base: int, path: str,
+               order: list[str]) -> dict[str, Any]:
+    """The weights in PyTorch's names and layouts, and what the file says about them."""
+    head_dims: dict[str, int] = {}
+    group = file.get("model_weights", file)
+    if "layer_names" in group.attrs:
+        root: dict[str, Any] = _read_legacy(file, source, base, path, head_dims)
+        flavour = "tf.keras (legacy HDF5)"
+    else:
+        root = _read_keras3(file, source, base, path, order, head_dims)
+        flavour = "keras 3"
+    root["__metadata__"] = {"framework": flavour, "head_dims": head_dims,
+                            "layout": "Keras names and layouts re-laid as PyTorch's (kernels "
+                                      "transposed, HWIO to OIHW)"}
+    return root
+
+
+@contextmanager
+def hdf5_faults(path: str | Path) -> Iterator[None]:
+    """Turn what h5py raises on a damaged file into a :class:`CorruptCheckpointError`.
+
+    h5py reports a damaged structure as ``RuntimeError``, ``KeyError`` or ``OSError`` with
+    HDF5's own message: the file's fault, not a bug.
+    """
+    try:
+        yield
+    except (RuntimeError, KeyError, OSError) as exc:
+        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({exc})",
+                                     path=path) from exc
+
+
+def _open_h5(path: Path, options: ReadOptions) -> Contents:
+    h5py = _h5py()
+    source = FileSource(path)
+    with hdf5_faults(path):  # read through the descriptor held, never the path again
+        file = h5py.File(_Window(source, 0, source.size), "r")
+        with closed_on_error(file.close):
+            root = _read_hdf5(file, source, 0, str(path), [])
+    return Contents("keras", path, root, [file.close, source.close])
+
+
+class _Window:
+    """A read-only file object over ``[start, start + size)`` of a file (a stored zip member)."""
+
+    def __init__(self, source: FileSource, start: int, size: int) -> None:
+        self.source, self.start, self.size, self.pos = source, start, size, 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = (offset if whence == 0 else self.pos + offset if whence == 1
+                    else self.size + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n < 0 else max(0, min(n, self.size - self.pos))
+        data = self.source.read(self.start + self.pos, n, what="model.weights.h5")
+        self.pos += n
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
+    """The top-level layers' names in the model's order, from ``config.json``."""
+    if "config.json" not in archive.namelist():
+        return []
+    info = archive.getinfo("config.json")
+    if info.file_size > _MAX_CONFIG:
+        raise CorruptCheckpointError("config.json is implausibly large", path=path)
+    try:
+        config = json.loads(read_member(archive, info, _MAX_CONFIG, what="config.json",
+                                        path=str(path)))
+    except ValueError:
+        raise CorruptCheckpointError("config.json is not JSON", path=path) from None
+    layers = config.get("config", {}).get("layers", []) if isinstance(config, dict) else []
+    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)][:_MAX_GROUPS]
+
+
+def _open_keras(path: Path, options: ReadOptions) -> Contents:
+    h5py = _h5py()
+    source = FileSource(path)
+    with zipfile.ZipFile(path) as archive:
+        if "model.weights.h5" not in archive.namelist():
+            raise CorruptCheckpointError("the .keras archive has no model.weights.h5", path=path)
+        info = archive.getinfo("model.weights.h5")
+        order = _config_order(archive, path)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise UnsupportedCheckpointError(
+                "model.weights.h5 is compressed inside the .keras archive; extract it and "
+                "open the .weights.h5 file", path=path)
+        base = zip_data_offset(source, info)
+    source.check_range(base, info.file_size, what="model.weights.h5")
+    with hdf5_faults(path):
+        file = h5py.File(_Window(source, base, info.file_size), "r")
+        with closed_on_error(file.close):
+            root = _read_hdf5(file, source, base, str(path), order)
+    return Contents("keras", path, root, [file.close, source.close])
+
+
+def _keras_magic(head: bytes) -> bool:
+    return first_zip_entry(head) in _KERAS_MEMBERS
+
+
+FORMAT = Format(name="keras", open=_open_h5, suffixes=(".h5", ".hdf5"),
+                magic=lambda head: head.startswith(_HDF5_MAGIC))
+KERAS_ARCHIVE_FORMAT = Format(name="keras", open=_open_keras, suffixes=(".keras",),
+                              magic=_keras_magic)

@@ -1,0 +1,377 @@
+"""ONNX models: the graph's initializers, read lazily by offset, named as PyTorch named them.
+
+The protobuf is walked here field by field with positioned reads (no ``onnx`` package, which
+would read every weight into memory to parse the message): each initializer's ``raw_data`` is
+only located, then memory-mapped on read; weights in external data files are read by their
+``location``/``offset``/``length``, which must stay inside the model's folder and the file.
+
+Exporters rename some weights: ``torch.onnx.export`` turns a bias-free Linear into a MatMul on a
+transposed copy named ``onnx::MatMul_123``, and a convolution's weight into ``onnx::Conv_7``.
+The graph says what each initializer is: the node that consumes it (``/encoder/fc1/MatMul``)
+gives the module path, and its operator and input slot give the leaf name and layout
+(:data:`ROLES`), so the weight comes back as ``encoder.fc1.weight``, transposed back.
+Initializers that no weight role or PyTorch-like name claims (shape constants) are left out and
+listed in the metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef
+from .base import Contents, Format, ReadOptions
+from .contain import contained
+from .framework import relaid
+from .source import ByteSource, FileSource, MemorySource
+
+__all__ = ["FORMAT", "ROLES"]
+
+#: TensorProto.DataType to torch dtype.
+_DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16,
+           6: torch.int32, 7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64,
+           12: torch.uint32, 13: torch.uint64, 16: torch.bfloat16}
+#: Typed (non-raw) data fields: TensorProto field number to numpy dtype of packed fixed-size
+#: values (float_data, double_data), or ``None`` for varints (int32_data, int64_data,
+#: uint64_data), which hold the values of the smaller integer and 16-bit float types too.
+_TYPED_FIELDS: dict[int, str | None] = {4: "<f4", 10: "<f8", 5: None, 7: None, 11: None}
+
+#: (operator, input slot) to the PyTorch leaf name of the initializer there and its layout op.
+#: A Gemm's weight is transposed unless the node says ``transB=1``.
+ROLES: dict[tuple[str, int], tuple[str, str | None]] = {
+    ("MatMul", 1): ("weight", "transpose"),
+    ("Gemm", 1): ("weight", "transpose"), ("Gemm", 2): ("bias", None),
+    ("Conv", 1): ("weight", None), ("Conv", 2): ("bias", None),
+    ("ConvTranspose", 1): ("weight", None), ("ConvTranspose", 2): ("bias", None),
+    ("BatchNormalization", 1): ("weight", None), ("BatchNormalization", 2): ("bias", None),
+    ("BatchNormalization", 3): ("running_mean", None),
+    ("BatchNormalization", 4): ("running_var", None),
+    ("LayerNormalization", 1): ("weight", None), ("LayerNormalization", 2): ("bias", None),
+    ("Gather", 0): ("weight", None),
+    ("Add", 0): ("bias", None), ("Add", 1): ("bias", None),
+}
+#: An initializer already named as a PyTorch state-dict key keeps its name.
+_TORCH_NAME = re.compile(r"[A-Za-z_]\w*(\.\w+)+")
+_MAX_VARINT = 10
+_MAX_NODE_BYTES = 1 << 20
+_MAX_TYPED_BYTES = 64 << 20
+
+
+class _Fields:
+    """The fields of one protobuf message in ``[start, end)`` of a source, read on demand."""
+
+    def __init__(self, source: ByteSource, start: int, end: int) -> None:
+        self.source, self.start, self.end = source, start, end
+
+    def _varint(self, pos: int) -> tuple[int, int]:
+        raw = self.source.read(pos, min(_MAX_VARINT, self.end - pos), what="a protobuf varint")
+        value = 0
+        for i, byte in enumerate(raw):
+            value |= (byte & 0x7F) << (7 * i)
+            if not byte & 0x80:
+                return value, pos + i + 1
+        raise CorruptCheckpointError(f"malformed protobuf varint at byte {pos}",
+                                     path=self.source.name)
+
+    def __iter__(self) -> Any:
+        """Yield ``(field number, wire type, value)``: a varint, else ``(offset, length)``."""
+        pos = self.start
+        while pos < self.end:
+            tag, pos = self._varint(pos)
+            number, wire = tag >> 3, tag & 7
+            if wire == 0:
+                value, pos = self._varint(pos)
+                yield number, wire, value
+                continue
+            if wire == 2:
+                length, pos = self._varint(pos)
+            elif wire in (1, 5):
+                length = 8 if wire == 1 else 4
+            else:
+                raise CorruptCheckpointError(f"protobuf wire type {wire} at byte {pos}",
+                                             path=self.source.name)
+            if pos + length > self.end:
+                raise CorruptCheckpointError(
+                    f"a protobuf field at byte {pos} claims {length} bytes, past the end of its "
+                    f"message at byte {self.end}", path=self.source.name)
+            yield number, wire, (pos, length)
+            pos += length
+
+    def text(self, span: tuple[int, int], what: str) -> str:
+        try:
+            return self.source.read(*span, what=what).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptCheckpointError(f"{what} is not UTF-8", path=self.source.name) from None
+
+    def sub(self, span: tuple[int, int]) -> _Fields:
+        return _Fields(self.source, span[0], span[0] + span[1])
+
+
+@dataclass
+class _Tensor:
+    name: str = ""
+    dims: list[int] = field(default_factory=list)
+    dtype: int = 0
+    raw: tuple[int, int] | None = None
+    typed: tuple[int, tuple[int, int]] | None = None
+    external: dict[str, str] = field(default_factory=dict)
+    location: int = 0
+
+
+def _varints(raw: bytes) -> list[int]:
+    values, value, shift = [], 0, 0
+    for byte in raw:
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            values.append(value)
+            value, shift = 0, 0
+    return values
+
+
+def _tensor(fields: _Fields) -> _Tensor:
+    tensor = _Tensor()
+    for number, wire, value in fields:
+        if number == 1:
+            if wire == 0:
+                tensor.dims.append(value)
+            else:
+                tensor.dims.extend(_varints(fields.source.read(*value, what="tensor dims")))
+        elif number == 2 and wire == 0:
+            tensor.dtype = value
+        elif number == 8 and wire == 2:
+            tensor.name = fields.text(value, "a tensor name")
+        elif number == 9 and wire == 2:
+            tensor.raw = value
+        elif number in _TYPED_FIELDS and wire == 2:
+            tensor.typed = (number, value)
+        elif number == 13 and wire == 2:
+            entry = {n: fields.sub(v) for n, w, v in fields.sub(value) if w == 2}
+            if 1 in entry and 2 in entry:
+                key = entry[1].text((entry[1].start, entry[1].end - entry[1].start), "a key")
+                tensor.external[key] = entry[2].text(
+                    (entry[2].start, entry[2].end - entry[2].start), "an external data value")
+        elif number == 14 and wire == 0:
+            tensor.location = value
+    return tensor
+
+
+@dataclass
+class _Node:
+    op: str = ""
+    name: str = ""
+    inputs: list[str] = field(default_factory=list)
+    ints: dict[str, int] = field(default_factory=dict)
+
+
+def _node(fields: _Fields) -> _Node:
+    node = _Node()
+    for number, wire, value in fields:
+        if wire != 2:
+            continue
+        if number == 1:
+            node.inputs.append(fields.text(value, "a node input"))
+        elif number == 3:
+            node.name = fields.text(value, "a node name")
+        elif number == 4:
+            node.op = fields.text(value, "an operator")
+        elif number == 5:
+            attribute = {n: v for n, _, v in fields.sub(value)}
+            if 1 in attribute and 3 in attribute:
+                node.ints[fields.text(attribute[1], "an attribute name")] = attribute[3]
+    return node
+
+
+def _graph(source: FileSource) -> tuple[list[_Tensor], list[_Node]]:
+    model = _Fields(source, 0, source.size)
+    graphs = [v for n, w, v in model if n == 7 and w == 2]
+    if not graphs:
+        raise CorruptCheckpointError("the ONNX model has no graph", path=source.name)
+    tensors, nodes = [], []
+    for number, wire, value in model.sub(graphs[-1]):
+        if wire != 2:
+            continue
+        if number == 5:
+            tensors.append(_tensor(model.sub(value)))
+        elif number == 1:
+            if value[1] > _MAX_NODE_BYTES:
+                raise CorruptCheckpointError(f"a graph node of {value[1]} bytes is implausible",
+                                             path=source.name)
+            node_bytes = source.read(*value, what="a graph node")
+            nodes.append(_node(_Fields(MemorySource(node_bytes, source.name), 0,
+                                       len(node_bytes))))
+    return tensors, nodes
+
+
+def _module_path(node: _Node) -> str | None:
+    """``/encoder/fc1/MatMul`` to ``encoder.fc1``; ``None`` for names without a path."""
+    if not node.name.startswith("/"):
+        return None
+    parts = node.name.strip("/").split("/")[:-1]
+    return ".".join(parts) if parts else None
+
+
+def _consumers(nodes: list[_Node]) -> dict[str, list[tuple[_Node, int]]]:
+    """Each value name to the nodes (and input slots) that consume it."""
+    consumers: dict[str, list[tuple[_Node, int]]] = {}
+    for node in nodes:
+        for slot, name in enumerate(node.inputs):
+            consumers.setdefault(name, []).append((node, slot))
+    return consumers
+
+
+def _recovered(tensor: _Tensor, uses: list[tuple[_Node, int]]) -> tuple[str, str | None] | None:
+    """The PyTorch name and layout op the graph gives an initializer, or ``None``."""
+    for node, slot in uses:
+        role = ROLES.get((node.op, slot))
+        path = _module_path(node)
+        if role is None or path is None:
+            continue
+        leaf, op = role
+        if node.op == "Gemm" and slot == 1 and node.ints.get("transB", 0):
+            op = None
+        if op == "transpose" and len(tensor.dims) != 2:
+            return None
+        return f"{path}.{leaf}", op
+    return None
+
+
+class _Files:
+    """External data files, opened once each, only inside the model's folder."""
+
+    def __init__(self, model: Path, options: ReadOptions) -> None:
+        self.model = model
+        self.follow_links = options.follow_links
+        self.open: dict[str, FileSource] = {}
+
+    def get(self, location: str, name: str) -> FileSource:
+        if location not in self.open:
+            target = contained(self.model.parent, location, named_by=self.model,
+                               what=f"external data of '{name}'",
+                               follow_links=self.follow_links)
+            if not target.is_file():
+                raise CorruptCheckpointError(f"external data file '{location}' of '{name}' is "
+                                             "missing: copy it beside the model",
+                                             path=self.model)
+            self.open[location] = FileSource(target)
+        return self.open[location]
+
+    def close(self) -> None:
+        for source in self.open.values():
+            source.close()
+
+
+def _int(text: str, what: str, path: Path) -> int:
+    if not text.isdigit():
+        raise CorruptCheckpointError(f"{what} is {text!r}, not a number", path=path)
+    return int(text)
+
+
+def _ref(tensor: _Tensor, source: FileSource, files: _Files, path: Path) -> TensorRef:
+    name = tensor.name
+    if tensor.dtype not in _DTYPES:
+        raise UnsupportedCheckpointError(f"initializer '{name}' has ONNX data type "
+                                         f"{tensor.dtype}, not read yet", path=path)
+    dtype = _DTYPES[tensor.dtype]
+    shape = tuple(tensor.dims)
+    meta = TensorMeta.of(shape, dtype)
+    what = f"initializer '{name}'"
+    if tensor.location == 1:
+        location = tensor.external.get("location", "")
+        data = files.get(location, name)
+        offset = _int(tensor.external.get("offset", "0"), f"the offset of '{name}'", path)
+        length = _int(tensor.external.get("length", str(meta.nbytes)),
+                      f"the length of '{name}'", path)
+        origin: ByteSource = data
+    elif tensor.raw is not None:
+        offset, length = tensor.raw
+        origin = source
+    elif tensor.typed is not None or meta.numel == 0:
+        return _typed(tensor, meta, source, path)
+    else:
+        raise CorruptCheckpointError(f"{what} holds no data", path=path)
+    if length != meta.nbytes:
+        raise CorruptCheckpointError(f"{what} says {dtype} {shape} ({meta.nbytes} bytes) but "
+                                     f"holds {length}", path=path)
+    origin.check_range(offset, length, what=what)
+    file_source = origin if isinstance(origin, FileSource) else source
+
+    def read() -> torch.Tensor:
+        return file_source.array(offset, length, dtype, what=what).view(shape)
+
+    def read_into(out: torch.Tensor) -> None:
+        file_source.read_into(offset, out, what=what)
+
+    return TensorRef(meta, read, read_into, span=lambda: (file_source.name, offset))
+
+
+def _typed(tensor: _Tensor, meta: TensorMeta, source: FileSource, path: Path) -> TensorRef:
+    """An initializer stored in a typed field (small constants): decoded when read."""
+    if tensor.typed is None:
+        return TensorRef(meta, lambda: torch.empty(meta.shape, dtype=meta.dtype))
+    number, span = tensor.typed
+    if span[1] > _MAX_TYPED_BYTES:
+        raise UnsupportedCheckpointError(f"initializer '{tensor.name}' keeps {span[1]} bytes in "
+                                         "a typed field; re-save the model with raw data",
+                                         path=path)
+    fixed = _TYPED_FIELDS[number]
+
+    def read() -> torch.Tensor:
+        raw = source.read(*span, what=f"initializer '{tensor.name}'")
+        values = (np.frombuffer(raw, dtype=fixed) if fixed is not None
+                  else np.array(_varints(raw), dtype=np.uint64))
+        if values.size != meta.numel:
+            raise CorruptCheckpointError(f"initializer '{tensor.name}' holds {values.size} "
+                                         f"values for shape {meta.shape}", path=path)
+        if fixed is None and meta.dtype in (torch.float16, torch.bfloat16):
+            bits = torch.from_numpy(values.astype(np.int32)).to(torch.int16)
+            return bits.view(meta.dtype).reshape(meta.shape)
+        if fixed is None and meta.dtype in (torch.int64, torch.int32, torch.int16, torch.int8):
+            values = values.view(np.int64)
+        return torch.from_numpy(values.copy()).to(meta.dtype).reshape(meta.shape)
+
+    return TensorRef(meta, read)
+
+
+def _open(path: Path, options: ReadOptions) -> Contents:
+    source = FileSource(path)
+    files = _Files(path, options)
+    tensors, nodes = _graph(source)
+    root: dict[str, Any] = {}
+    constants: list[str] = []
+    renamed: dict[str, str] = {}
+    consumers = _consumers(nodes)
+    for tensor in tensors:
+        recovered = _recovered(tensor, consumers.get(tensor.name, []))
+        if _TORCH_NAME.fullmatch(tensor.name):
+            name, op = tensor.name, None
+        elif recovered is not None:
+            name, op = recovered
+        else:
+            constants.append(tensor.name)
+            continue
+        if name in root:
+            raise CorruptCheckpointError(f"initializers '{renamed.get(name, name)}' and "
+                                         f"'{tensor.name}' both name '{name}'", path=path)
+        root[name] = relaid(_ref(tensor, source, files, path), op, name=tensor.name,
+                            path=str(path))
+        if name != tensor.name:
+            renamed[name] = tensor.name
+    root["__metadata__"] = {"framework": "onnx", "renamed_from_graph": renamed,
+                            "constants_left_out": constants}
+    return Contents("onnx", path, root, [source.close, files.close])
+
+
+def _magic(head: bytes) -> bool:
+    """A ModelProto starts with ir_version (field 1, a small varint), then another field."""
+    return (len(head) > 3 and head[0] == 0x08 and 3 <= head[1] <= 30
+            and head[2] in (0x12, 0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42))
+
+
+FORMAT = Format(name="onnx", open=_open, suffixes=(".onnx",), magic=_magic)

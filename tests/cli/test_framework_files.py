@@ -1,0 +1,37 @@
+"""The CLI on other frameworks' files: inspect shows framework and quantization, convert writes
+PyTorch layouts, bad files exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torchgraft as tg
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "frameworks"
+
+
+def test_inspect_json_names_framework_and_quantization(run: Run) -> None:
+    result = run("inspect", str(FIXTURES / "gguf" / "llama_mixed.gguf"), "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["format"] == "gguf"
+    assert info["extras"]["__metadata__"]["quantization"]["Q4_K"] == 4
+
+
+def test_convert_keras_to_safetensors(run: Run, tmp_path: Path) -> None:
+    out = tmp_path / "cnn.safetensors"
+    result = run("convert", str(FIXTURES / "keras" / "cnn.keras"), str(out))
+    assert result.returncode == 0, result.stderr
+    assert tg.load(out)["stem.weight"].shape == (4, 3, 3, 3)
+
+
+def test_truncated_gguf_exits_2(run: Run, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes((FIXTURES / "gguf" / "llama_mixed.gguf").read_bytes()[:100])
+    result = run("inspect", str(bad))
+    assert result.returncode == 2
+    assert "bad.gguf" in result.stderr

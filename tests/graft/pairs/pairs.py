@@ -1,0 +1,216 @@
+"""The pairs of the suite, each way, and how one case (pair x flavour, or a broken twin) runs.
+
+A case writes the source in one flavour (the live module, a ``.pt`` of its state dict, a
+``.safetensors`` of it, which stores keys sorted, or the library's own saved folder), grafts it
+into a fresh target with no rules, and compares the target's outputs, through its library's own
+forward, with the source's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+import torchgraft as tg
+from tests.graft.pairs import references as ref
+from tests.graft.pairs.codebases import ARCHS, TWIN_HEADS, Arch, Inputs, randomise
+
+FLAVOURS = ("module", "pt", "safetensors", "pretrained")
+TWINS = ("deeper", "heads", "norms")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A source and a target of two code bases, and the reference mapping between them.
+
+    Attributes:
+        source: The source architecture.
+        target: The target architecture.
+        reference: The source's state dict to the target's (built lazily: the reverse way
+            needs an example state dict to invert the forward mapping).
+        norms: Two same-shape norms of the source (module paths), for the swapped twin.
+        heads: Whether the architecture has attention heads (for the head-count twin).
+    """
+
+    source: Arch
+    target: Arch
+    reference: Callable[[], ref.Mapping]
+    norms: tuple[str, str]
+    heads: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.name} -> {self.target.name}"
+
+
+def _both_ways(a: str, b: str, forward: ref.Mapping, norms: tuple[tuple[str, str], ...],
+               heads: bool = True) -> list[Pair]:
+    """The pair A -> B with its reference, and B -> A with the inverse."""
+    source, target = ARCHS[a], ARCHS[b]
+
+    def backwards() -> ref.Mapping:
+        return ref.inverse(forward, source.build().state_dict())
+
+    return [Pair(source, target, lambda: forward, norms[0], heads),
+            Pair(target, source, backwards, norms[1], heads)]
+
+
+PAIRS = [
+    *_both_ways("transformers GPT-NeoX", "GPT-NeoX-style GPT", ref.hf_gpt_neox_to_neox_gpt,
+                (("gpt_neox.layers.0.input_layernorm",
+                  "gpt_neox.layers.0.post_attention_layernorm"), ("blocks.0.ln1", "blocks.0.ln2"))),
+    *_both_ways("transformers Llama", "torchtune Llama", ref.hf_llama_to_torchtune,
+                (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
+                 ("layers.0.sa_norm", "layers.0.mlp_norm"))),
+    *_both_ways("transformers Llama", "gpt-fast Llama", ref.hf_llama_to_gpt_fast,
+                (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
+                 ("layers.0.attention_norm", "layers.0.ffn_norm"))),
+    *_both_ways("transformers Llama", "Meta Llama", ref.hf_llama_to_meta,
+                (("model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm"),
+                 ("layers.1.attention_norm", "layers.1.ffn_norm"))),
+    *_both_ways("transformers GPT-2", "nanoGPT", ref.hf_gpt2_to_nanogpt,
+                (("transformer.h.0.ln_1", "transformer.h.0.ln_2"),
+                 ("transformer.h.0.ln_1", "transformer.h.0.ln_2"))),
+    *_both_ways("timm ResNet", "transformers ResNet", ref.timm_resnet_to_hf_resnet,
+                (("layer1.0.bn1", "layer1.0.bn2"),
+                 ("resnet.encoder.stages.0.layers.0.layer.0.normalization",
+                  "resnet.encoder.stages.0.layers.0.layer.1.normalization")), heads=False),
+    *_both_ways("timm ViT", "transformers ViT", ref.timm_vit_to_hf_vit,
+                (("blocks.0.norm1", "blocks.0.norm2"),
+                 ("vit.layers.0.layernorm_before", "vit.layers.0.layernorm_after"))),
+    *_both_ways("open_clip CLIP (OpenAI layout)", "transformers CLIP", ref.open_clip_to_hf_clip,
+                (("transformer.resblocks.0.ln_1", "transformer.resblocks.0.ln_2"),
+                 ("text_model.encoder.layers.0.layer_norm1",
+                  "text_model.encoder.layers.0.layer_norm2"))),
+    *_both_ways("openai-whisper", "transformers Whisper", ref.openai_whisper_to_hf_whisper,
+                (("encoder.blocks.0.attn_ln", "encoder.blocks.0.mlp_ln"),
+                 ("model.encoder.layers.0.self_attn_layer_norm",
+                  "model.encoder.layers.0.final_layer_norm"))),
+]
+PAIR_IDS = [pair.name for pair in PAIRS]
+
+INPUTS = Inputs.make()
+
+
+def outputs_equal(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 1e-4) -> bool:
+    """Equal within ``rtol`` of the expected output's scale."""
+    if actual.shape != expected.shape:
+        return False
+    scale = float(expected.abs().max())
+    return float((actual.double() - expected.double()).abs().max()) <= rtol * max(scale, 1e-12)
+
+
+def run(arch: Arch, model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return arch.run(model.eval(), INPUTS).detach()
+
+
+def write(arch: Arch, model: nn.Module, flavour: str, folder: Path) -> Any:
+    """The source in one flavour: the module itself, or the path of what was written."""
+    if flavour == "module":
+        return model
+    if flavour == "pt":
+        torch.save(model.state_dict(), folder / "model.pt")
+        return folder / "model.pt"
+    if flavour == "safetensors":
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+                 if not v.is_sparse}
+        save_file(state, str(folder / "model.safetensors"))  # stored sorted by name
+        return folder / "model.safetensors"
+    assert arch.saves is not None, f"{arch.name} has no saved-folder format"
+    return arch.saves(model, folder)
+
+
+def flavours(pair: Pair) -> list[str]:
+    return [f for f in FLAVOURS if f != "pretrained" or pair.source.saves is not None]
+
+
+def verdict(report: tg.GraftReport) -> str:
+    """The report's verdict as text: ok, UNVERIFIED, INCOMPLETE or DIVERGED."""
+    found = getattr(report, "verdict", None)
+    if found is not None:
+        text = str(getattr(found, "value", found))
+        return "ok" if text.lower() == "ok" else text.upper()
+    if report.divergence is not None:
+        return "DIVERGED"
+    return "ok" if report.ok else "INCOMPLETE"
+
+
+@dataclass
+class Outcome:
+    """One case's result: the verdict, and whether the target computes what the source did."""
+
+    verdict: str
+    equal: bool
+    report: tg.GraftReport
+
+    def row(self) -> str:
+        return f"{self.verdict} / {'equal' if self.equal else 'differ'}"
+
+
+def graft_case(pair: Pair, flavour: str, folder: Path, *, twin: str | None = None,
+               **options: Any) -> Outcome:
+    """Write the source in ``flavour``, graft it into a fresh target, compare outputs.
+
+    A twin breaks the case so that it has no right answer: ``deeper`` (the source has one more
+    block), ``heads`` (the target has another head count, same shapes), ``norms`` (two
+    same-shape norms of the source swapped in what is written). Outputs are compared with
+    the source as built (unbroken), so a twin's outputs never agree.
+    """
+    source, expected = built(pair.source, deeper=twin == "deeper")
+    if twin == "norms":
+        source = copy.deepcopy(source)
+        _swap(source, *pair.norms)
+    target = pair.target.build(heads=TWIN_HEADS if twin == "heads" else None).eval()
+    written = write(pair.source, source, flavour, folder)
+    inputs = pair.target.inputs(INPUTS)
+    if flavour == "module" and inputs is not None and pair.source.inputs(INPUTS) is not None:
+        options.setdefault("example_inputs", inputs)
+        options.setdefault("source_inputs", pair.source.inputs(INPUTS))
+    report = tg.graft(written, target, **options)
+    try:
+        equal = outputs_equal(run(pair.target, target), expected)
+    except Exception:  # a graft that left the target unable to run
+        equal = False
+    return Outcome(verdict(report), equal, report)
+
+
+@functools.cache
+def built(arch: Arch, *, deeper: bool = False) -> tuple[nn.Module, torch.Tensor]:
+    """A source model, randomised, and its outputs: built once per test session."""
+    torch.manual_seed(0)
+    model = randomise(arch.build(deeper=deeper))
+    return model, run(arch, model)
+
+
+def _swap(model: nn.Module, first: str, second: str) -> None:
+    a, b = model.get_submodule(first), model.get_submodule(second)
+    with torch.no_grad():
+        for (_, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+            held = x.clone()
+            x.copy_(y)
+            y.copy_(held)
+
+
+TWIN_FLAVOURS = ("pt",)
+
+
+def cases() -> list[tuple[Pair, str, str | None]]:
+    """Every case of the suite: (pair, flavour, twin or ``None``)."""
+    plain = [(pair, flavour, None) for pair in PAIRS for flavour in flavours(pair)]
+    twins = [(pair, flavour, twin) for pair in PAIRS for twin in TWINS
+             if twin != "heads" or pair.heads for flavour in TWIN_FLAVOURS]
+    return plain + twins
+
+
+def case_key(pair: Pair, flavour: str, twin: str | None) -> tuple[str, str]:
+    """How :mod:`expectations` names a case: (pair name, ``flavour`` or ``twin/flavour``)."""
+    return pair.name, flavour if twin is None else f"{twin}/{flavour}"

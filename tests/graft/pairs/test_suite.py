@@ -1,0 +1,78 @@
+"""Real code-base pairs, grafted with no rules from every flavour; broken twins never ok.
+
+Each pair's reference mapping is first proven by equal outputs (both libraries' own forward).
+Then every pair x flavour is grafted: the verdict must be ok with equal outputs (or UNVERIFIED
+where nothing a file holds can decide, listed in :data:`UNDECIDABLE`), and never ok with other
+outputs. Cases not there yet are ``xfail(strict=True)`` with the reason, in :data:`NOT_YET`;
+``scripts/pairs_table.py`` prints the whole table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_MISSING = [name for name in ("transformers", "timm", "open_clip", "whisper", "torchtune")
+            if importlib.util.find_spec(name) is None]
+if _MISSING:
+    pytest.skip(f"code bases not installed: {', '.join(_MISSING)} (scripts/setup.sh installs "
+                "them)", allow_module_level=True)
+
+from tests.graft.pairs.codebases import randomise  # noqa: E402
+from tests.graft.pairs.expectations import NOT_YET, UNDECIDABLE  # noqa: E402
+from tests.graft.pairs.pairs import (  # noqa: E402
+    PAIR_IDS,
+    PAIRS,
+    TWIN_FLAVOURS,
+    TWINS,
+    Pair,
+    flavours,
+    graft_case,
+    outputs_equal,
+    run,
+)
+
+
+def _marked(pair: Pair, case: str) -> list[pytest.MarkDecorator]:
+    reason = NOT_YET.get((pair.name, case))
+    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+
+
+CASES = [pytest.param(pair, flavour, id=f"{pair.name} [{flavour}]",
+                      marks=_marked(pair, flavour))
+         for pair in PAIRS for flavour in flavours(pair)]
+TWIN_CASES = [pytest.param(pair, twin, flavour, id=f"{pair.name} [{twin} twin, {flavour}]",
+                           marks=_marked(pair, f"{twin}/{flavour}"))
+              for pair in PAIRS for twin in TWINS if twin != "heads" or pair.heads
+              for flavour in TWIN_FLAVOURS if flavour in flavours(pair)]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_reference_mapping_gives_equal_outputs(pair: Pair) -> None:
+    source = randomise(pair.source.build())
+    target = pair.target.build().eval()
+    mapped = pair.reference()(source.state_dict())
+    result = target.load_state_dict(mapped, strict=False)
+    assert not result.unexpected_keys
+    assert all(not k.endswith(".weight") for k in result.missing_keys), result.missing_keys
+    assert outputs_equal(run(pair.target, target), run(pair.source, source))
+
+
+@pytest.mark.parametrize(("pair", "flavour"), CASES)
+def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
+    outcome = graft_case(pair, flavour, tmp_path)
+    assert not (outcome.verdict == "ok" and not outcome.equal), (
+        f"false ok: outputs differ\n{outcome.report}")
+    expected = "UNVERIFIED" if (pair.name, flavour) in UNDECIDABLE else "ok"
+    assert outcome.verdict == expected, str(outcome.report)
+    if expected == "ok":
+        assert outcome.equal
+
+
+@pytest.mark.parametrize(("pair", "twin", "flavour"), TWIN_CASES)
+def test_broken_twin_is_never_ok(pair: Pair, twin: str, flavour: str, tmp_path: Path) -> None:
+    outcome = graft_case(pair, flavour, tmp_path, twin=twin)
+    assert not outcome.equal  # the twin is broken: no graft can give the source's outputs
+    assert outcome.verdict != "ok", str(outcome.report)

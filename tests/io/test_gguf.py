@@ -1,0 +1,111 @@
+"""GGUF files written by gguf-py's GGUFWriter (llama.cpp's writer), grafted into transformers."""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchgraft as tg
+from torchgraft.errors import CorruptCheckpointError, TorchgraftError
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "gguf"
+LLAMA = FIXTURES / "llama_mixed.gguf"
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+
+def _llama(**changes: int) -> torch.nn.Module:
+    settings = {"vocab_size": 64, "hidden_size": 256, "intermediate_size": 256,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "max_position_embeddings": 64, **changes}
+    config = transformers.LlamaConfig(tie_word_embeddings=False, rope_theta=10000.0, **settings)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_quantized_llama_grafts_with_outputs_of_the_dequantized_weights() -> None:
+    io = np.load(FIXTURES / "llama_mixed_io.npz")
+    model = _llama()
+    report = tg.graft(LLAMA, model)
+    assert report.ok, report
+    with torch.no_grad():
+        logits = model(torch.from_numpy(io["ids"])).logits.numpy()
+    # Q8_0, Q4_0, Q4_K, Q6_K dequantized exactly as gguf-py (llama.cpp's reference) does, and
+    # q/k rotary rows un-interleaved with the file's head counts: the same logits, bit for bit.
+    np.testing.assert_array_equal(logits, io["logits"])
+
+
+def test_inspect_shows_framework_architecture_and_quantization() -> None:
+    info = tg.inspect(LLAMA)
+    assert info.format == "gguf"
+    metadata = info.extras["__metadata__"]
+    assert metadata["framework"] == "gguf" and metadata["architecture"] == "llama"
+    assert metadata["quantization"] == {"Q4_K": 4, "Q8_0": 5, "Q4_0": 2, "Q6_K": 4, "F32": 5,
+                                        "F16": 1}
+    assert metadata["metadata"]["llama.attention.head_count"] == 4
+    names = [name for name, _ in info.tensors]
+    assert "model.layers.1.self_attn.q_proj.weight" in names and "lm_head.weight" in names
+
+
+def test_convert_to_safetensors_keeps_dequantized_values(tmp_path: Path) -> None:
+    out = tmp_path / "llama.safetensors"
+    tg.convert(LLAMA, out)
+    with tg.open(LLAMA) as source, tg.open(out) as converted:
+        assert converted.format == "safetensors"
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
+                     "lm_head.weight"):
+            torch.testing.assert_close(converted[name], source[name], rtol=0, atol=0)
+
+
+def test_a_layer_more_is_never_ok() -> None:
+    report = tg.graft(LLAMA, _llama(num_hidden_layers=3), strict=False)
+    assert not report.ok
+
+
+def test_a_missing_head_count_is_an_error(tmp_path: Path) -> None:
+    data = bytearray(LLAMA.read_bytes())
+    key = b"llama.attention.head_count"  # the first one is the query heads' (then _kv)
+    at = data.index(key)
+    data[at:at + len(key)] = b"llama.attention.head_cnt_xx"
+    broken = tmp_path / "no_heads.gguf"
+    broken.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="head_count"):
+        tg.open(broken)
+
+
+def _header(tensor_count: int, kv_count: int) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, tensor_count, kv_count)
+
+
+@pytest.mark.parametrize("data", [
+    pytest.param(_header(2**40, 0), id="tensor-count"),
+    pytest.param(_header(0, 1) + struct.pack("<Q", 2**40), id="key-length"),
+    pytest.param(_header(0, 1) + struct.pack("<Q", 1) + b"k" + struct.pack("<II", 9, 9)
+                 + struct.pack("<Q", 2**40), id="array-length"),
+    pytest.param(_header(0, 1) + struct.pack("<Q", 1) + b"k"
+                 + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 50, id="array-nesting"),
+    pytest.param(_header(1, 0) + struct.pack("<Q", 1) + b"w" + struct.pack("<I", 2)
+                 + struct.pack("<QQ", 2**20, 2**20) + struct.pack("<IQ", 0, 0), id="2^40-elements"),
+    pytest.param(_header(1, 0) + struct.pack("<Q", 1) + b"w" + struct.pack("<I", 1)
+                 + struct.pack("<Q", 4) + struct.pack("<IQ", 0, 2**50), id="offset-past-end"),
+])
+def test_bad_headers_are_errors_in_bounded_time(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data + bytes(64))
+    start = time.monotonic()
+    with pytest.raises(CorruptCheckpointError):
+        tg.open(path)
+    assert time.monotonic() - start < 2
+
+
+def test_truncated_file_is_an_error(tmp_path: Path) -> None:
+    data = LLAMA.read_bytes()
+    for cut in (10, 200, len(data) - 1000):
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(data[:cut])
+        with pytest.raises(TorchgraftError):
+            tg.load(path)

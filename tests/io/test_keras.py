@@ -1,0 +1,158 @@
+"""Keras 3 (.keras, .weights.h5), tf.keras legacy .h5 and transformers' tf_model.h5, written by
+TensorFlow/Keras themselves (scripts/make_framework_fixtures.py), grafted into PyTorch twins."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchgraft as tg
+from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
+from torchgraft.errors import CorruptCheckpointError, TorchgraftError
+
+h5py = pytest.importorskip("h5py")
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "keras"
+
+
+class KerasCNN(nn.Module):
+    """The Keras CNN (Conv2D, BatchNormalization, DepthwiseConv2D, Dense, LayerNormalization)."""
+
+    def __init__(self, width: int = 6) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, eps=1e-3), nn.ReLU(),
+                                      nn.Conv2d(4, 4, 3, padding=1, groups=4))
+        self.fc = nn.Linear(4, width)
+        self.norm = nn.LayerNorm(width, eps=1e-3)
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.features(x.permute(0, 3, 1, 2)).mean((2, 3))
+        return self.head(self.norm(self.fc(y)))
+
+
+def KerasAttention() -> AttentionTwin:
+    """Embedding, Keras MultiHeadAttention(num_heads=2, key_dim=4) and a Dense."""
+    return AttentionTwin(output="attention_output", head="out")
+
+
+class Unnamed(nn.Module):
+    """The attention model with projections named q, k, v, o: only their shapes tell them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.q, self.k, self.v, self.o = (nn.Linear(8, 8) for _ in range(4))
+        self.out = nn.Linear(8, 3)
+
+
+class LegacyNet(nn.Module):
+    """tf.keras Sequential: Conv2D, BatchNormalization, Flatten (channels last), Dense."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4, eps=1e-3)
+        self.fc = nn.Linear(144, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x.permute(0, 3, 1, 2)))
+        return self.fc(y.permute(0, 2, 3, 1).flatten(1))
+
+
+def _check(path: Path, model: nn.Module, io_name: str, key: str = "x") -> None:
+    io = np.load(FIXTURES / io_name)
+    report = tg.graft(path, model.eval())
+    assert report.ok, report
+    with torch.no_grad():
+        out = model(torch.from_numpy(io[key]).long() if key == "ids" else
+                     torch.from_numpy(io[key]))
+    np.testing.assert_allclose(out.numpy(), io["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_keras3_archive_grafts_into_a_pytorch_twin() -> None:
+    _check(FIXTURES / "cnn.keras", KerasCNN(), "cnn_io.npz")
+
+
+def test_keras3_attention_kernels_are_relaid() -> None:
+    _check(FIXTURES / "attention.keras", KerasAttention(), "attention_io.npz", key="ids")
+
+
+def test_keras3_weights_h5_under_the_same_names() -> None:
+    with tg.open(FIXTURES / "cnn.weights.h5") as ckpt:
+        assert ckpt.format == "keras"
+        assert ckpt.meta("stem.weight").shape == (4, 3, 3, 3)  # HWIO re-laid as OIHW
+        assert ckpt.meta("dw.weight").shape == (4, 1, 3, 3)
+        assert ckpt.meta("fc.weight").shape == (6, 4)  # [in, out] transposed
+        assert "stem_bn.running_var" in ckpt
+
+
+def test_legacy_tf_keras_h5_grafts() -> None:
+    _check(FIXTURES / "legacy.h5", LegacyNet(), "legacy_io.npz")
+
+
+def test_transformers_tf_model_h5_grafts_into_bert() -> None:
+    assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
+
+
+def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
+    assert not tg.graft(FIXTURES / "cnn.keras", KerasCNN(width=7), strict=False).ok
+    # Four same-shaped projections under other names: a guess, never ok.
+    assert not tg.graft(FIXTURES / "attention.keras", Unnamed(), strict=False).ok
+
+
+def test_inspect_states_the_head_size() -> None:
+    metadata = tg.inspect(FIXTURES / "attention.keras").extras["__metadata__"]
+    assert metadata["head_dims"] == {"attn": 4}
+
+
+def test_inspect_and_convert(tmp_path: Path) -> None:
+    info = tg.inspect(FIXTURES / "cnn.keras")
+    assert info.format == "keras"
+    assert info.extras["__metadata__"]["framework"] == "keras 3"
+    assert tg.inspect(FIXTURES / "legacy.h5").extras["__metadata__"]["framework"].startswith(
+        "tf.keras")
+    out = tmp_path / "cnn.safetensors"
+    tg.convert(FIXTURES / "cnn.keras", out)
+    model = KerasCNN()
+    assert tg.graft(out, model).ok
+    io = np.load(FIXTURES / "cnn_io.npz")
+    with torch.no_grad():
+        np.testing.assert_allclose(model.eval()(torch.from_numpy(io["x"])).numpy(), io["y"],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_nesting_bomb_is_an_error_in_bounded_time(tmp_path: Path) -> None:
+    path = tmp_path / "deep.weights.h5"
+    with h5py.File(path, "w") as f:
+        group = f.create_group("layers")
+        for i in range(40):
+            group = group.create_group(f"g{i}")
+            group.create_group("vars").create_dataset("0", data=np.zeros(2, np.float32))
+    start = time.monotonic()
+    with pytest.raises(CorruptCheckpointError, match="deep"):
+        tg.open(path)
+    assert time.monotonic() - start < 5
+
+
+def test_a_dataset_claiming_2_to_the_40_elements_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "huge.weights.h5"
+    with h5py.File(path, "w") as f:
+        variables = f.create_group("layers").create_group("dense").create_group("vars")
+        variables.create_dataset("0", shape=(2**20, 2**20), dtype=np.float32, chunks=(1, 16),
+                                 compression="gzip")
+    with pytest.raises(CorruptCheckpointError, match="more than the file can hold"):
+        tg.open(path)
+
+
+def test_truncated_files_are_errors(tmp_path: Path) -> None:
+    for name in ("cnn.keras", "legacy.h5"):
+        data = (FIXTURES / name).read_bytes()
+        path = tmp_path / name
+        path.write_bytes(data[:len(data) - 4000])
+        with pytest.raises(TorchgraftError):
+            tg.load(path)

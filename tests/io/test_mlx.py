@@ -1,0 +1,84 @@
+"""MLX: an mlx-lm folder quantized and saved by mlx-lm itself, grafted into transformers' Llama."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torchgraft as tg
+from torchgraft.errors import CorruptCheckpointError, UnsupportedCheckpointError
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "mlx"
+FOLDER = FIXTURES / "llama_q4"
+transformers = pytest.importorskip("transformers")
+
+
+def _llama(layers: int = 2) -> torch.nn.Module:
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, rms_norm_eps=1e-6,
+                                      rope_theta=10000.0, tie_word_embeddings=False,
+                                      max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_quantized_mlx_lm_folder_grafts_with_mlx_outputs() -> None:
+    io = np.load(FIXTURES / "llama_q4_io.npz")
+    with tg.open(FOLDER) as ckpt:
+        assert ckpt.format == "mlx"
+        # Dequantized exactly as mx.dequantize does it.
+        np.testing.assert_array_equal(ckpt["model.layers.0.self_attn.q_proj.weight"].numpy(),
+                                      io["q_proj_0"])
+        assert not any(name.endswith((".scales", ".biases")) for name in ckpt)
+    model = _llama()
+    report = tg.graft(FOLDER, model)
+    assert report.ok, report
+    with torch.no_grad():
+        logits = model(torch.from_numpy(io["ids"]).long()).logits.numpy()
+    # MLX runs the quantized matmuls itself; measured difference 7e-7 (logits up to 1.6).
+    np.testing.assert_allclose(logits, io["logits"], rtol=0, atol=1e-5)
+
+
+def test_inspect_shows_the_quantization_and_convert_writes_floats(tmp_path: Path) -> None:
+    info = tg.inspect(FOLDER)
+    assert info.format == "mlx"
+    assert info.extras["__metadata__"]["quantization"]["bits"] == 4
+    out = tmp_path / "llama.safetensors"
+    tg.convert(FOLDER, out)
+    assert tg.load(out)["lm_head.weight"].dtype == torch.float32
+
+
+def test_a_layer_more_is_never_ok() -> None:
+    assert not tg.graft(FOLDER, _llama(layers=3), strict=False).ok
+
+
+def _copy(tmp_path: Path, quantization: object) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(FOLDER, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization"] = quantization
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_wrong_bits_or_mode_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(CorruptCheckpointError, match="do not fit"):
+        tg.open(_copy(tmp_path / "a", {"group_size": 32, "bits": 8}))
+    with pytest.raises(UnsupportedCheckpointError, match="mxfp4"):
+        tg.open(_copy(tmp_path / "b", {"group_size": 32, "bits": 4, "mode": "mxfp4"}))
+
+
+def test_save_weights_convolutions_are_not_taken_as_stored() -> None:
+    """MLX's save_weights stores convolutions [out, kh, kw, in] with no marker: a CNN whose
+    second convolution tells the layouts apart is never ok (the first alone could not)."""
+    model = torch.nn.Sequential()
+    model.conv = torch.nn.Conv2d(3, 4, 3)
+    model.conv2 = torch.nn.Conv2d(4, 6, 3, padding=1)
+    model.fc = torch.nn.Linear(6, 3)
+    for name in ("cnn.safetensors", "cnn.npz"):
+        assert not tg.graft(FIXTURES / name, model, strict=False).ok
