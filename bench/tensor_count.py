@@ -158,7 +158,8 @@ def warm_up(folder: Path) -> None:
     path = folder / f"warm-{id(folder)}.safetensors"
     save_file({"weight": torch.zeros(2, 2)}, path)
     with torch.device("meta"):
-        tg.graft(path, nn.Linear(2, 2, bias=False))
+        model = nn.Linear(2, 2, bias=False)
+    tg.graft(path, model)
     path.unlink()
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv and install torchgraft into it, with optional extras: scripts/setup.sh [test|paddle|hf|onnx]
 # torch is installed first, as TORCH_SPEC (default torch==2.13.0, a CPU build), unless the venv
-# can already import it: an unpinned torch would pull several GB of CUDA packages.
+# can already import it: an unpinned torch would pull several GB of CUDA packages. torchgraft
+# itself is installed unless this checkout's is already importable with the extra's
+# requirements (scripts/installed.py): a fresh clone can reuse a venv with PYTHONPATH=src.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -18,8 +20,12 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "setup: installing $TORCH_SPEC" >&2
     pip_install "$TORCH_SPEC"
 fi
-echo "setup: installing torchgraft${EXTRAS:+[$EXTRAS]}" >&2
-pip_install -e ".${EXTRAS:+[$EXTRAS]}"
+if "$PY" scripts/installed.py "$EXTRAS" >/dev/null 2>&1; then
+    echo "setup: this checkout's torchgraft${EXTRAS:+[$EXTRAS]} is already importable in $VENV" >&2
+else
+    echo "setup: installing torchgraft${EXTRAS:+[$EXTRAS]}" >&2
+    pip_install -e ".${EXTRAS:+[$EXTRAS]}"
+fi
 if [ "$EXTRAS" = "test" ]; then
     # Code bases that depend on torch/torchvision: without their dependencies (see the file).
     pip_install --no-deps -r scripts/requirements-no-deps.txt

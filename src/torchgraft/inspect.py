@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .checkpoint import open as open_checkpoint
-from .meta import TensorMeta, dtype_name
 from .wrappers import Wrapper
+
+if TYPE_CHECKING:  # importing this module imports no torch (quick_inspect uses its classes)
+    from .meta import TensorMeta
 
 __all__ = ["BUFFER_NAMES", "CheckpointInfo", "DtypeTotals", "inspect"]
 
@@ -115,6 +116,9 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
     Raises:
         TorchgraftError: Any failure, naming the file.
     """
+    from .checkpoint import open as open_checkpoint
+    from .meta import dtype_name
+
     with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
                          component=component, follow_links=follow_links) as ckpt:
         info = CheckpointInfo(

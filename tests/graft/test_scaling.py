@@ -77,3 +77,12 @@ def graft_seconds(tmp_path: Path, count: int) -> float:
 def test_grafting_many_tensors_into_a_meta_model_is_linear(tmp_path: Path) -> None:
     small, large = graft_seconds(tmp_path, 1000), graft_seconds(tmp_path, 4000)
     assert large <= LIMIT * small, (small, large)
+
+
+def test_grafting_inside_a_meta_device_context(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    save_file({"weight": torch.ones(2, 2)}, path)
+    with torch.device("meta"):
+        model = nn.Linear(2, 2, bias=False)
+        assert tg.graft(path, model).ok
+    assert torch.equal(model.weight, torch.ones(2, 2))

@@ -13,42 +13,45 @@ import torchgraft as tg
 
 
 class Projections(nn.Module):
-    """query, key, value and an output projection named as the framework names it."""
+    """The query, key, value and output projections, under the names given."""
 
-    def __init__(self, output: str) -> None:
+    def __init__(self, names: tuple[str, str, str, str]) -> None:
         super().__init__()
-        self.output = output
-        for name in ("query", "key", "value", output):
+        self.names = names
+        for name in names:
             setattr(self, name, nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v, out = (getattr(self, name) for name in self.names)
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.view(b, t, heads, -1).transpose(1, 2)
+
+        weights = torch.softmax(split(q(x)) @ split(k(x)).transpose(-1, -2)
+                                / (x.shape[-1] // heads) ** 0.5, dim=-1)
+        return out((weights @ split(v(x))).transpose(1, 2).reshape(b, t, -1))  # type: ignore[no-any-return]
 
 
 class AttentionTwin(nn.Module):
     """An Embedding(10, 8), 2-head attention with head size 4, then a Linear(8, 3).
 
     Args:
-        output: The output projection's name (Keras ``attention_output``, Flax ``out``).
+        names: The query, key, value and output projections' names (Keras: ``query``,
+            ``key``, ``value``, ``attention_output``; Flax: ``out`` last).
         head: The last Linear's name.
         heads: The number of heads.
     """
 
-    def __init__(self, *, output: str, head: str, heads: int = 2) -> None:
+    def __init__(self, *, names: tuple[str, str, str, str], head: str, heads: int = 2) -> None:
         super().__init__()
         self.heads, self.head_name = heads, head
         self.embed = nn.Embedding(10, 8)
-        self.attn = Projections(output)
+        self.attn = Projections(names)
         setattr(self, head, nn.Linear(8, 3))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        b, t, _ = x.shape
-
-        def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
-
-        attn = self.attn
-        q, k, v = (split(p(x)) for p in (attn.query, attn.key, attn.value))
-        weights = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
-        mixed = getattr(attn, attn.output)((weights @ v).transpose(1, 2).reshape(b, t, -1))
+        mixed = self.attn(self.embed(ids), self.heads)
         return getattr(self, self.head_name)(mixed)  # type: ignore[no-any-return]
 
 

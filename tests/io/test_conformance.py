@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 
 import torchgraft as tg
+from tests.test_fuzz import _Net, _state
 from torchgraft.io import formats
 from torchgraft.io.base import Format
 
@@ -38,21 +38,6 @@ FIXTURES = Path(__file__).parent.parent / "fixtures"
 MUTANT_CPU = 2.0
 #: Address space the battery may add, beyond what the process has.
 MEMORY = 2 << 30
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.fc = nn.Linear(4, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x).mean((2, 3)))
-
-
-def _state() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    return {k: v.detach().clone() for k, v in _Net().state_dict().items()}
 
 
 def key(fmt: Format) -> str:

@@ -37,7 +37,7 @@ class FlaxCNN(nn.Module):
 
 def FlaxAttention() -> AttentionTwin:
     """nn.Embed, nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8), nn.Dense."""
-    return AttentionTwin(output="out", head="head")
+    return AttentionTwin(names=("query", "key", "value", "out"), head="head")
 
 
 class Block(nn.Module):

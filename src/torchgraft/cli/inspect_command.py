@@ -24,12 +24,18 @@ def inspect(path: Path, as_json: bool, show_all: bool, weights_key: str | None,
             component: str | None, follow_links: bool, unsafe: bool) -> int:
     """Show a checkpoint's format, devices, wrappers, totals, extras and tensors.
 
-    PATH is a checkpoint file or a directory holding one. Tensor data is not read.
+    PATH is a checkpoint file or a directory holding one. Tensor data is not read; a
+    safetensors, NumPy or torch.save state-dict file is summarised without importing torch.
     """
-    from ..inspect import inspect as inspect_checkpoint
+    from ..quick_inspect import quick_inspect
 
-    info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                              component=component, follow_links=follow_links)
+    plain = not (unsafe or weights_key or component or follow_links)
+    info = quick_inspect(path) if plain else None
+    if info is None:
+        from ..inspect import inspect as inspect_checkpoint
+
+        info = inspect_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
+                                  component=component, follow_links=follow_links)
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, info.to_dict())

@@ -49,10 +49,11 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
     Returns:
         The ``[..., in]`` weight, in the scales' dtype.
     """
-    per_word = _WORD_BITS // bits
-    shifts = torch.arange(per_word, dtype=torch.int64) * bits
-    words = packed.to(torch.int64).unsqueeze(-1)
-    values = ((words >> shifts) & ((1 << bits) - 1)).reshape(*packed.shape[:-1], -1, group_size)
+    per_byte = 8 // bits
+    shifts = torch.arange(per_byte, dtype=torch.uint8) * bits
+    # Little-endian words: value i sits in byte i // per_byte, at bit (i % per_byte) * bits.
+    data = packed.contiguous().view(torch.uint8).unsqueeze(-1)
+    values = ((data >> shifts) & ((1 << bits) - 1)).reshape(*packed.shape[:-1], -1, group_size)
     dtype = scales.dtype
     weight = scales.unsqueeze(-1) * values.to(dtype) + biases.unsqueeze(-1)
     return weight.reshape(*packed.shape[:-1], -1)

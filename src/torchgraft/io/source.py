@@ -109,7 +109,7 @@ class ByteSource:
                 f"{what} holds {nbytes} bytes, not a whole number of {dtype} elements",
                 path=self.name)
         if not nbytes:
-            return torch.empty(0, dtype=dtype)  # an empty tensor: no bytes to map
+            return torch.empty(0, dtype=dtype, device="cpu")  # no bytes to map
         raw = self._raw(offset, nbytes)
         if raw.storage_offset() % itemsize:
             raw = raw.clone()
@@ -230,7 +230,7 @@ class FileSource(ByteSource):
                 raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
                 self._mappable(), shared=False, nbytes=self.size))
-        raw = torch.empty(0, dtype=torch.uint8)
+        raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
         raw.set_(storage, offset, (nbytes,), (1,))
         return raw
 

@@ -1,0 +1,110 @@
+"""``torchgraft inspect`` of safetensors, NumPy, torch.save state dicts and DCP imports no torch.
+
+One fresh process inspects every file through the command line's entry point and reports
+whether torch was imported; its JSON must equal what :func:`torchgraft.inspect` (the full
+reader) says. Files with anything the quick reader does not know go to the full reader.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+import torchgraft as tg
+from tests.helpers import save_on
+from torchgraft.quick_inspect import quick_inspect
+
+CHILD = """
+import contextlib, io, json, sys
+from torchgraft.cli.main import main
+results = []
+for path in sys.argv[1:]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["inspect", path, "--json"])
+    results.append({"code": code, "info": json.loads(out.getvalue())})
+print(json.dumps({"results": results, "torch": "torch" in sys.modules}))
+"""
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(16, 2))
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> list[Path]:
+    state = _model().state_dict()
+    written = {
+        "model.safetensors": lambda p: save_file({k: v.contiguous() for k, v in state.items()},
+                                                 p, metadata={"format": "pt", "step": "7"}),
+        "plain.pt": lambda p: torch.save(state, p),
+        "dataparallel_cuda1.pth": lambda p: save_on(
+            "cuda:1", nn.DataParallel(_model()).state_dict(), p),
+        "half.bin": lambda p: torch.save({k: v.half() for k, v in state.items()
+                                          if v.is_floating_point()}, p),
+        "strided.pt": lambda p: torch.save({"t": torch.arange(12.0).reshape(3, 4).t()}, p),
+        "array.npy": lambda p: np.save(p, np.ones((2, 3), np.float16)),
+        "arrays.npz": lambda p: np.savez(p, w=np.ones(3, np.float32), b=np.zeros(2, np.int64)),
+    }
+    for name, write in written.items():
+        write(tmp_path / name)
+    _dcp_save(state, tmp_path / "dcp")  # torch.distributed.checkpoint's own writer
+    return [*(tmp_path / name for name in written), tmp_path / "dcp"]
+
+
+def _dcp_save(state: object, folder: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint import save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(state, checkpoint_id=str(folder))  # type: ignore[arg-type]
+
+
+def test_inspect_imports_no_torch_and_says_what_the_full_reader_says(files: list[Path]) -> None:
+    result = subprocess.run([sys.executable, "-c", CHILD, *map(str, files)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["torch"] is False
+    for path, got in zip(files, data["results"], strict=True):
+        assert got["code"] == 0
+        assert got["info"] == json.loads(json.dumps(tg.inspect(path).to_dict())), path.name
+    assert data["results"][2]["info"]["saved_devices"] == ["cuda:1"]
+    assert data["results"][2]["info"]["wrappers"][0]["prefix"] == "module."
+
+
+def test_anything_unusual_goes_to_the_full_reader(tmp_path: Path) -> None:
+    state = _model().state_dict()
+    training = tmp_path / "training.pt"
+    torch.save({"epoch": 3, "state_dict": state}, training)
+    quantized = tmp_path / "quantized.pt"
+    torch.save({"q": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}, quantized)
+    lying = tmp_path / "lying.safetensors"
+    save_file({"w": torch.ones(4)}, lying)
+    data = bytearray(lying.read_bytes())
+    lying.write_bytes(bytes(data[:-4]))  # the header promises 16 bytes, 12 are there
+    aliased = tmp_path / "tied.safetensors"
+    tg.save({"a": torch.ones(2), "b": torch.ones(2)}, aliased)
+    legacy = tmp_path / "legacy.pt"
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    nested = tmp_path / "nested_dcp"
+    _dcp_save({"model": dict(state), "step": 3}, nested)
+    for path in (training, quantized, lying, legacy, nested):
+        assert quick_inspect(path) is None, path.name
+    quick = quick_inspect(aliased)
+    assert quick is None or quick.to_dict() == tg.inspect(aliased).to_dict()
+    assert tg.inspect(training).weights_key == "state_dict"
+    result = subprocess.run([sys.executable, "-m", "torchgraft", "inspect", str(lying)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "lying.safetensors" in result.stderr
