@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -178,12 +178,16 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
     """The same lazy tensor, its reads turning any failure into an error naming file and key."""
 
     def read() -> torch.Tensor:
-        with reading(path), _naming(name):
+        try:  # no context managers on the way in: 100k tensors read at a few us each
             return ref.read()
+        except Exception as exc:
+            _named(exc, name, path)
 
     def read_into(out: torch.Tensor) -> None:
-        with reading(path), _naming(name):
+        try:
             ref.read_into(out)
+        except Exception as exc:
+            _named(exc, name, path)
 
     def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
         with reading(path), _naming(name):
@@ -191,6 +195,12 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
 
     return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span,
                      read_box=read_box)
+
+
+def _named(exc: Exception, name: str, path: Path) -> NoReturn:
+    """Raise a failure while reading ``name`` as :func:`reading` and :func:`_naming` turn it."""
+    with reading(path), _naming(name):
+        raise exc
 
 
 @contextlib.contextmanager
