@@ -15,7 +15,13 @@ import torch
 
 from .containers import Selection, all_tensors, select_weights
 from .devices import DeviceMap, DeviceSpec
-from .errors import CorruptCheckpointError, TensorNotFoundError, TorchgraftError, reading
+from .errors import (
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    TorchgraftError,
+    parse_errors,
+    reading,
+)
 from .io import Contents, ReadOptions, open_contents
 from .meta import TensorMeta, TensorRef, parse_dtype
 from .safe_pickle import skipped_calls
@@ -204,7 +210,7 @@ def _naming(name: str) -> Iterator[None]:
         yield
     except TorchgraftError as exc:
         raise exc.about(name) from exc.__cause__
-    except Exception as exc:
+    except parse_errors() as exc:
         raise CorruptCheckpointError(f"while reading '{name}': the data is malformed "
                                      f"({type(exc).__name__}: {exc})") from exc
 
