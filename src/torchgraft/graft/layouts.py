@@ -46,6 +46,8 @@ class Layout:
         renames: Rules from the source's names to the target's.
         exports: Rules from PyTorch's names to this layout's (``None`` drops what it lacks).
         transposed: Whether a source tensor is stored transposed relative to a target tensor.
+        permuted: The axis order (``torch.permute`` dims) a source tensor needs to fill a target
+            tensor, for layouts that store more than 2-D weights another way; ``None`` if none.
         why: Shown in reports for transposed tensors.
         rotary: Rotary rows this layout stores in another order.
     """
@@ -55,6 +57,7 @@ class Layout:
     renames: tuple[Rule, ...] = ()
     exports: tuple[Rule, ...] = ()
     transposed: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
+    permuted: Callable[[TensorInfo, TensorInfo], tuple[int, ...] | None] = lambda src, dst: None
     why: str = ""
     rotary: RotaryRows | None = None
 
@@ -279,9 +282,13 @@ def layouts_for(source: Side, target: Side) -> list[Layout]:
         target: The target side.
 
     Returns:
-        The layouts that apply, in :data:`LAYOUTS` order.
+        The layouts that apply, in :data:`LAYOUTS` order, then other frameworks' layouts
+        that only the target reveals (:mod:`.framework_layouts`, built on :class:`Layout`).
     """
-    return [layout for layout in LAYOUTS if layout.applies(source, target)]
+    from .framework_layouts import FRAMEWORK_LAYOUTS
+
+    return [layout for layout in (*LAYOUTS, *FRAMEWORK_LAYOUTS)
+            if layout.applies(source, target)]
 
 
 def rotary_warning(source: Side, target: Side) -> str | None:
