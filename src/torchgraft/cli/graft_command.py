@@ -30,7 +30,7 @@ def _label_map(text: str | None) -> LabelMap | None:
         data = json.loads(text)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--label-map") from None
-    if isinstance(data, dict) and all(str(k).isdigit() and isinstance(v, int)
+    if isinstance(data, dict) and all(k.isascii() and k.isdigit() and isinstance(v, int)
                                       for k, v in data.items()):
         return {int(k): v for k, v in data.items()}
     if isinstance(data, list) and all(v is None or isinstance(v, int) for v in data):
