@@ -281,6 +281,35 @@ def make_keras() -> None:
             ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
 
 
+def make_keras_full() -> None:
+    """A tf.keras (Keras 2) model saved whole by model.save('.h5').
+
+    The weights are under ``model_weights``, the architecture beside them (never read by
+    torchgraft).
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tf_keras
+
+    out = OUT / "keras"
+    rng = np.random.default_rng(1)
+    tf_keras.utils.set_random_seed(1)
+    model = tf_keras.Sequential([
+        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+        tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(5),
+    ])
+    _randomise_keras(model, rng)
+    model.save(str(out / "legacy_full.h5"))
+    image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    np.savez(out / "legacy_full_io.npz", x=image, y=model(image, training=False).numpy())
+    _record("keras/legacy_full", ["keras/legacy_full.h5", "keras/legacy_full_io.npz"],
+            "a tf_keras Sequential (seed 1, variables randomised) saved whole with "
+            "model.save('.h5'); legacy_full_io.npz: its outputs",
+            ["tensorflow-cpu", "tf-keras", "h5py", "numpy"])
+
+
 # --- Flax -----------------------------------------------------------------------------------
 
 def make_flax() -> None:
@@ -420,7 +449,7 @@ def make_mlx() -> None:
 
 
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
-                                          "keras": make_keras,
+                                          "keras": make_keras, "keras-full": make_keras_full,
                                           "flax": make_flax, "mlx": make_mlx}
 
 if __name__ == "__main__":
