@@ -34,6 +34,7 @@ from harness import (  # noqa: E402
     median_of,
     pair_ratios,
     peak_rss,
+    timed_steps,
     warm,
     worker,
     write_linears,
@@ -55,6 +56,7 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
 
     model = linears(layers)
     graft = tg.graft  # imported before the clock starts, as torch and safetensors are
+    steps = timed_steps() if method.startswith("graft") else {}
     start = time.perf_counter()
     if method == "load_model":
         load_model(model, str(path))
@@ -63,7 +65,8 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
     else:
         assert graft(path, model, strict=True).ok
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss()}
+    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss(),
+            "steps": steps}
 
 
 def main() -> None:
@@ -96,6 +99,9 @@ def main() -> None:
     for method, (_file, label) in METHODS.items():
         r = result[method]
         print(f"{label:<50} {r['seconds']:6.3f} s  peak RSS {r['peak_rss'] / gib:5.2f} GiB")
+        steps = runs[method][len(runs[method]) // 2]["steps"]
+        if steps:
+            print("    steps: " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items() if v))
     for ours, theirs in (("graft_safetensors", "load_model"), ("graft_torch", "torch_mmap")):
         time_ratio = pair_ratios(runs[ours], runs[theirs])
         rss_ratio = result[ours]["peak_rss"] / result[theirs]["peak_rss"]

@@ -243,6 +243,10 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
     def broken_missing() -> dict[str, Any]:
         return graft(fsdp(build(MLP, meta=False), flat), FOLDER / "missing.safetensors")
 
+    def verify_refused() -> dict[str, Any]:
+        model = fsdp(build(MLP, meta=True), flat)
+        return graft(model, FOLDER / "model.safetensors", verify=True)
+
     def partial_placement() -> dict[str, Any]:
         from torch.distributed.tensor import DTensor, Partial
 
@@ -255,7 +259,7 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
                                     fsdp_tp_grid, gpt2_conv1d, fused_qkv, grown_vocab,
                                     dcp_2_into_4,
                                     dcp_converted_for_4, broken_shape, broken_missing,
-                                    partial_placement)}
+                                    partial_placement, verify_refused)}
 
 
 class DCPNet(nn.Sequential):

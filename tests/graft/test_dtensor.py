@@ -135,6 +135,12 @@ def test_a_placement_without_a_block_is_an_error_of_the_model(
         assert "Partial" in result["message"]
 
 
+def test_verify_true_is_refused_for_a_sharded_model(ranks: list[dict[str, Any]]) -> None:
+    for results in ranks:
+        assert results["verify_refused"]["error"] == "TorchgraftError"
+        assert "sharded model" in results["verify_refused"]["message"]
+
+
 class _Tagged(torch.Tensor):
     """A tensor subclass of some other library."""
 

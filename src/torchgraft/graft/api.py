@@ -69,6 +69,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     A model built on the meta device gets real storage for every tensor the graft fills (on
     ``device``), read straight into it: no random initialisation, no second copy.
 
+    A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
+    each rank fills its own shards in place, reading only their bytes where the format
+    allows, and every rank returns the same report (:mod:`torchgraft.graft.dtensor`). Its
+    outputs are not compared (``verify``): that would run the model beside its source in
+    one process.
+
     Args:
         source: A checkpoint path (any format :func:`torchgraft.open` reads), a state dict, an
             ``nn.Module``, or a :func:`torchgraft.open` result.
@@ -98,7 +104,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             diverged, naming the first module where activations diverge. ``"auto"`` compares
             when there is something to compare with, the graft is a plain copy (no rows or
             channels adapted) and the weights are at most 2 GiB; ``True`` always compares (an
-            error when there is nothing to compare with); ``False`` never does.
+            error when there is nothing to compare with, or the model is sharded); ``False``
+            never does.
         label_map: For row adaptations: ``{target_row: source_row}`` or a sequence of source
             rows (``None`` for a new row).
         device: Where tensors of a meta-device model get their storage; by default where the
@@ -146,6 +153,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
     sharded = sharded_targets(target, state)
+    if sharded and verify is True:
+        raise TorchgraftError("verify=True runs the model beside its source in one process; "
+                              "a sharded model (DTensor parameters) is not compared that way: "
+                              "compare its outputs after the graft, or pass verify='auto'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
                               tensors=state)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
@@ -200,7 +211,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")
-    if verify is True or (verify == "auto" and _plain_copy(report)):
+    if not sharded and (verify is True or (verify == "auto" and _plain_copy(report))):
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in source_side.tensors.values()))

@@ -29,7 +29,7 @@ from .adapt import (
     Transpose,
     label_pairs,
 )
-from .conventions import role_of
+from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, MatchStep
 from .layouts import Layout
 from .planning import REINITIALISED, Plan, PlanStep
@@ -117,10 +117,15 @@ class Options:
         vocab = frozenset(info.shape[0] for info in dst.tensors.values()
                           if info.kind == "embedding" and len(info.shape) == 2)
         modules = [dst.tensors[k].module for k in dst.order if dst.tensors[k].kind != "norm"]
-        heads = {m for m in dict.fromkeys(modules) if role_of(m) == "head"}
+        heads = {m for m in dict.fromkeys(modules)  # one regex first: 100k modules
+                 if _HEAD.regex.search(m) and role_of(m) == "head"}
         heads |= {modules[-1]} if modules else set()
         return cls(layouts, dst, vocab=vocab, heads=frozenset(heads),
                    first=modules[0] if modules else "", **kwargs)
+
+
+#: The convention naming heads: only a module it names can have the role.
+_HEAD = next(c for c in CONVENTIONS if c.role == "head")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
-from .base import Contents, Format, ReadOptions, WriteJob, unwritable
+from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error, unwritable
 from .boxes import box_reader
 from .copy import FileCopier
 from .source import ByteSource, FileSource
@@ -118,6 +118,12 @@ def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str,
 
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
+    with closed_on_error(source.close):
+        root = _root(source, path)
+    return Contents("safetensors", path, root, [source.close])
+
+
+def _root(source: FileSource, path: Path) -> dict[str, Any]:
     entries, metadata, start = read_header(source)
     root: dict[str, Any] = {}
     for name, entry in entries.items():
@@ -138,7 +144,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     root.update(extras)
     if metadata:
         root["__metadata__"] = metadata
-    return Contents("safetensors", path, root, [source.close])
+    return root
 
 
 def _json_entry(metadata: dict[str, str], key: str, path: Path) -> dict[str, Any]:
