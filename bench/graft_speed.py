@@ -1,11 +1,12 @@
 """Grafting into a built model vs the best specialist loader for the same file, side by side.
 
-Target (the performance issue, 1): ``tg.graft`` at most 1.0x the wall time of
+Target: ``tg.graft`` at most 0.8x the wall time of
 ``safetensors.torch.load_model`` (for a ``.safetensors`` file) and of
 ``model.load_state_dict(torch.load(path, mmap=True, weights_only=True))`` (for a ``.pt``
 file), with peak RSS at most 0.6x of theirs. The checkpoint holds 256 ``nn.Linear(1024,
 1024)`` weights (1 GiB). Each method: fresh process, the model built first (not timed), page
-cache warmed before each run, median of ``--repeat`` runs, methods alternating.
+cache warmed before each run, methods alternating; the time ratio is the median of the
+per-pair ratios (each pair saw the same load on the machine).
 
 Run: python bench/graft_speed.py [--layers 256] [--repeat 3]
 """
@@ -31,7 +32,9 @@ from harness import (  # noqa: E402
     checksum,
     linears,
     median_of,
+    pair_ratios,
     peak_rss,
+    timed_steps,
     warm,
     worker,
     write_linears,
@@ -53,6 +56,7 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
 
     model = linears(layers)
     graft = tg.graft  # imported before the clock starts, as torch and safetensors are
+    steps = timed_steps() if method.startswith("graft") else {}
     start = time.perf_counter()
     if method == "load_model":
         load_model(model, str(path))
@@ -61,7 +65,8 @@ def load(method: str, path: Path, layers: int) -> dict[str, float]:
     else:
         assert graft(path, model, strict=True).ok
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss()}
+    return {"seconds": seconds, "checksum": checksum(model), "peak_rss": peak_rss(),
+            "steps": steps}
 
 
 def main() -> None:
@@ -94,11 +99,14 @@ def main() -> None:
     for method, (_file, label) in METHODS.items():
         r = result[method]
         print(f"{label:<50} {r['seconds']:6.3f} s  peak RSS {r['peak_rss'] / gib:5.2f} GiB")
+        steps = runs[method][len(runs[method]) // 2]["steps"]
+        if steps:
+            print("    steps: " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items() if v))
     for ours, theirs in (("graft_safetensors", "load_model"), ("graft_torch", "torch_mmap")):
-        time_ratio = result[ours]["seconds"] / result[theirs]["seconds"]
+        time_ratio = pair_ratios(runs[ours], runs[theirs])
         rss_ratio = result[ours]["peak_rss"] / result[theirs]["peak_rss"]
-        met = time_ratio <= 1.0 and rss_ratio <= 0.6
-        print(f"{ours} vs {theirs}: time {time_ratio:.2f} (<= 1.0), RSS {rss_ratio:.2f} "
+        met = time_ratio <= 0.8 and rss_ratio <= 0.6
+        print(f"{ours} vs {theirs}: time {time_ratio:.2f} (<= 0.8), RSS {rss_ratio:.2f} "
               f"(<= 0.6): {'met' if met else 'NOT met'}")
 
 

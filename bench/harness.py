@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["checksum", "linears", "median_of", "pair_ratios", "peak_rss", "warm", "worker",
-           "write_linears"]
+           "timed_steps", "write_linears"]
 
 
 def warm(path: Path) -> None:
@@ -82,3 +82,29 @@ def pair_ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]],
     """
     return statistics.median(float(a[key]) / float(b[key])
                              for a, b in zip(ours, theirs, strict=True))
+
+
+#: Steps of tg.graft timed by :func:`timed_steps`, as ``torchgraft.graft.api`` calls them.
+STEPS = ("open_source", "module_side", "add_virtual", "add_experts", "build_plan",
+         "materialise", "execute_plan", "still_on_meta")
+
+
+def timed_steps() -> dict[str, float]:
+    """Wrap the graft's steps (as tg.graft calls them); the dict fills with seconds spent."""
+    import importlib
+    import time
+
+    api = importlib.import_module("torchgraft.graft.api")
+    spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
+    for step in STEPS:
+        original = getattr(api, step)
+
+        def wrapped(*args: Any, _f: Any = original, _s: str = step, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                spent[_s] += time.perf_counter() - start
+
+        setattr(api, step, wrapped)
+    return spent

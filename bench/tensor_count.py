@@ -30,7 +30,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-from harness import pair_ratios, warm, worker  # noqa: E402
+from harness import pair_ratios, timed_steps, warm, worker  # noqa: E402
 
 #: Layout name: (layers, experts per layer, expert biases, DeepSeek attention and shared expert).
 LAYOUTS = {
@@ -39,9 +39,6 @@ LAYOUTS = {
     "100k": (65, 256, True, True),  # DeepSeek-V3 has 61 layers; 65 make 100k tensors
 }
 HIDDEN, INNER = 8, 4
-#: Steps of tg.graft timed by wrapping them (module, function).
-STEPS = ("open_source", "module_side", "add_virtual", "add_experts", "build_plan",
-         "materialise", "execute_plan", "still_on_meta")
 
 
 def build(layout: str, device: str = "meta") -> Any:
@@ -97,26 +94,6 @@ def make(folder: Path) -> None:
     for layout in LAYOUTS:
         state = build(layout, "cpu").state_dict()
         save_file({k: v.contiguous() for k, v in state.items()}, folder / f"{layout}.safetensors")
-
-
-def timed_steps() -> dict[str, float]:
-    """Wrap the graft's steps (as tg.graft calls them) to time each."""
-    import importlib
-
-    api = importlib.import_module("torchgraft.graft.api")
-    spent: dict[str, float] = dict.fromkeys(STEPS, 0.0)
-    for step in STEPS:
-        original = getattr(api, step)
-
-        def wrapped(*args: Any, _f: Any = original, _s: str = step, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return _f(*args, **kwargs)
-            finally:
-                spent[_s] += time.perf_counter() - start
-
-        setattr(api, step, wrapped)
-    return spent
 
 
 def plan_only(path: Path, layout: str) -> dict[str, float]:

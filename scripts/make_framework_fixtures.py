@@ -142,6 +142,61 @@ def make_gguf() -> None:
             ["gguf", "transformers", "torch", "numpy"])
 
 
+def make_gguf_qwen2() -> None:
+    """A tiny transformers Qwen2 (q/k/v biases) written by GGUFWriter as llama.cpp writes it.
+
+    Names mapped, rows not permuted (qwen2 is not rotary-permuted by the converter); F32 norms
+    and biases, F16 matrices.
+    """
+    import gguf
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=True,
+                         rope_theta=10000.0)
+    model = Qwen2ForCausalLM(config).eval()
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    path = OUT / "gguf" / "qwen2_f16.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            if value.dim() == 2:
+                value.copy_(value.half().float())  # the file's F16 values, exactly
+            parts = key.split(".")
+            if key == "model.embed_tokens.weight":
+                gname = "token_embd.weight"
+            elif key == "model.norm.weight":
+                gname = "output_norm.weight"
+            elif key == "lm_head.weight":
+                continue  # tied to the embedding: llama.cpp writes no output.weight
+            else:
+                gname = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
+            array = value.numpy()
+            writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
+        ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
+        logits = model(ids).logits.numpy()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    np.savez(OUT / "gguf" / "qwen2_f16_io.npz", ids=ids.numpy(), logits=logits)
+    _record("gguf/qwen2_f16", ["gguf/qwen2_f16.gguf", "gguf/qwen2_f16_io.npz"],
+            "transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to F16) "
+            "written with gguf.GGUFWriter as llama.cpp's converter writes qwen2 (no row "
+            "permutation); logits: the transformers model's",
+            ["gguf", "transformers", "torch", "numpy"])
+
+
 # --- Keras / TensorFlow ---------------------------------------------------------------------
 
 def _randomise_keras(model: Any, rng: np.random.Generator) -> None:
@@ -224,6 +279,35 @@ def make_keras() -> None:
             "save_weights; a tf_keras Sequential with save_weights('.h5'); transformers "
             "TFBertModel.save_pretrained (tf_model.h5); *_io.npz: the framework's outputs",
             ["tensorflow-cpu", "keras", "tf-keras", "transformers", "h5py", "numpy"])
+
+
+def make_keras_full() -> None:
+    """A tf.keras (Keras 2) model saved whole by model.save('.h5').
+
+    The weights are under ``model_weights``, the architecture beside them (never read by
+    torchgraft).
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tf_keras
+
+    out = OUT / "keras"
+    rng = np.random.default_rng(1)
+    tf_keras.utils.set_random_seed(1)
+    model = tf_keras.Sequential([
+        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+        tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(5),
+    ])
+    _randomise_keras(model, rng)
+    model.save(str(out / "legacy_full.h5"))
+    image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    np.savez(out / "legacy_full_io.npz", x=image, y=model(image, training=False).numpy())
+    _record("keras/legacy_full", ["keras/legacy_full.h5", "keras/legacy_full_io.npz"],
+            "a tf_keras Sequential (seed 1, variables randomised) saved whole with "
+            "model.save('.h5'); legacy_full_io.npz: its outputs",
+            ["tensorflow-cpu", "tf-keras", "h5py", "numpy"])
 
 
 # --- Flax -----------------------------------------------------------------------------------
@@ -364,7 +448,8 @@ def make_mlx() -> None:
             ["mlx", "mlx-lm", "numpy"])
 
 
-COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "keras": make_keras,
+COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
+                                          "keras": make_keras, "keras-full": make_keras_full,
                                           "flax": make_flax, "mlx": make_mlx}
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import glob
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from .errors import CheckpointWriteError, TorchgraftError
 
-__all__ = ["atomic_dir", "atomic_path", "clean_stale"]
+__all__ = ["alive", "atomic_dir", "atomic_path", "clean_stale"]
 
 
 def _umask() -> int:
@@ -28,7 +30,8 @@ def _umask() -> int:
 _TEMP = ".{name}.tg-{pid}-"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (one of another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,7 +57,9 @@ def clean_stale(folder: Path, names: str, *, destination: Path | None = None) ->
     """
     for leftover in folder.glob(names):
         pid = leftover.name.rpartition(".tg-")[2].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if not _ours(leftover):
+            continue  # another user's (a shared folder): never adopted, never removed
+        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             if leftover.is_dir() and not leftover.is_symlink():
                 old = leftover / "old"  # killed between moving the old folder out and the new in
                 if destination is not None and old.exists() and not destination.exists():
@@ -64,17 +69,36 @@ def clean_stale(folder: Path, names: str, *, destination: Path | None = None) ->
                 leftover.unlink(missing_ok=True)
 
 
+def _ours(path: Path) -> bool:
+    """Whether this user owns ``path`` (and, for a folder, what a swap keeps in it)."""
+    try:
+        uid = os.getuid()
+        if path.lstat().st_uid != uid:
+            return False
+        old = path / "old"
+        return not path.is_dir() or not old.exists() or old.lstat().st_uid == uid
+    except OSError:
+        return False
+
+
+def _temporary_name(path: str | None, destination: Path) -> bool:
+    return path is not None and (
+        f"{destination.parent}{os.sep}.{destination.name}.tg-" in path
+        or path.startswith("/proc/self/fd/"))
+
+
 @contextlib.contextmanager
 def _writing(destination: Path) -> Iterator[None]:
     """Turn a failed write (full disk, read-only folder...) into an error naming it.
 
-    A writer's error about the temporary file names the destination instead.
+    A writer's error about the temporary file names the destination instead; torch's
+    ``CheckpointException`` (a DCP save's failures, gathered from its ranks) becomes a
+    :class:`CheckpointWriteError` too.
     """
     try:
         yield
     except TorchgraftError as exc:
-        if exc.path is not None and f"{destination.parent}{os.sep}.{destination.name}.tg-" in \
-                exc.path:
+        if _temporary_name(exc.path, destination):
             exc.path = None
             exc.located(destination)
         raise
@@ -82,6 +106,24 @@ def _writing(destination: Path) -> Iterator[None]:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CheckpointWriteError(f"cannot write it: {reason}; an existing file there is "
                                    "left as it was", path=destination) from exc
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if type(exc).__name__ != "CheckpointException":
+            raise
+        raise CheckpointWriteError(f"cannot write it: {_first_failure(exc)}; an existing "
+                                   "checkpoint there is left as it was",
+                                   path=destination) from exc
+
+
+def _first_failure(exc: BaseException) -> str:
+    """The first rank's error inside torch's ``CheckpointException``."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = getattr(inner, "exc", inner)
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror
+        return str(inner).splitlines()[0] if str(inner) else type(inner).__name__
+    return str(exc)
 
 
 def _writable(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
@@ -113,17 +155,100 @@ def _commit(temporary: Path, destination: Path, *, overwrite: bool) -> None:
         os.replace(temporary, destination)
 
 
+def _anonymous(folder: Path) -> int | None:
+    """An unnamed file in ``folder`` (Linux ``O_TMPFILE``), or ``None`` where there is none."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError:
+        return None
+
+
+def _link_unnamed(fd: int, target: Path) -> None:
+    """Give the unnamed file ``fd`` the name ``target`` (which must not exist).
+
+    ``linkat(fd, "", AT_EMPTY_PATH)`` where allowed, else through ``/proc/self/fd``.
+
+    Raises:
+        FileExistsError: If ``target`` exists.
+        OSError: If the system links it neither way.
+    """
+    try:
+        linkat = ctypes.CDLL(None, use_errno=True).linkat
+    except (OSError, AttributeError):
+        linkat = None
+    if linkat is not None:
+        at_cwd, at_empty_path = -100, 0x1000
+        if int(linkat(fd, b"", at_cwd, os.fsencode(target), at_empty_path)) == 0:
+            return
+        if ctypes.get_errno() == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+    os.link(f"/proc/self/fd/{fd}", target, follow_symlinks=True)
+
+
+def _commit_unnamed(fd: int, destination: Path, *, overwrite: bool) -> None:
+    """Name the finished unnamed file: the destination itself, or a temporary moved over it.
+
+    Where the system can name it neither way, its bytes are copied into a named temporary.
+    """
+    if overwrite:
+        named = destination.with_name(_TEMP.format(name=destination.name, pid=os.getpid())
+                                      + f"{secrets.token_hex(4)}.tmp")
+    else:
+        named = destination
+    try:
+        _link_unnamed(fd, named)
+    except FileExistsError:
+        raise TorchgraftError("already exists (written meanwhile by another process); pass "
+                              "overwrite=True to replace it", path=destination) from None
+    except OSError:
+        handle, name = tempfile.mkstemp(prefix=_TEMP.format(name=destination.name,
+                                                            pid=os.getpid()),
+                                        suffix=".tmp", dir=destination.parent)
+        try:
+            with os.fdopen(handle, "wb") as copy, os.fdopen(os.dup(fd), "rb") as source:
+                source.seek(0)
+                shutil.copyfileobj(source, copy, 1 << 24)
+                copy.flush()
+                os.fsync(copy.fileno())
+            os.chmod(name, 0o666 & ~_umask())
+            _commit(Path(name), destination, overwrite=overwrite)
+        finally:
+            Path(name).unlink(missing_ok=True)
+        return
+    if named != destination:
+        try:
+            os.replace(named, destination)
+        finally:
+            named.unlink(missing_ok=True)
+
+
+def _sync_folder(folder: Path) -> None:
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
+                unnamed: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and moved over it.
 
     With ``overwrite=False`` the move is exclusive: of two processes saving to one path, one
-    succeeds and the other raises. A killed write leaves a ``.<name>.tg-<pid>-*.tmp`` file,
-    removed by the next write to the same destination.
+    succeeds and the other raises. With ``unnamed=True`` on Linux, the temporary is a file
+    without a name (``O_TMPFILE``, written through ``/proc/self/fd``) that gets its name only
+    when whole: a killed write leaves nothing at all. Otherwise a killed write leaves a
+    ``.<name>.tg-<pid>-*.tmp`` file, removed by the next write to the same destination.
 
     Args:
         path: The destination.
         overwrite: Replace an existing file; otherwise an existing one is an error.
+        unnamed: Write to an unnamed file where the system has them (the writer must write
+            the one path it is given, nothing beside it).
 
     Yields:
         The temporary file's path, to write to.
@@ -133,6 +258,18 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
         CheckpointWriteError: If the file cannot be written; the old one is left as it was.
     """
     destination = _writable(path, overwrite=overwrite)
+    anonymous = _anonymous(destination.parent) if unnamed else None
+    if anonymous is not None:
+        try:
+            with _writing(destination):
+                yield Path(f"/proc/self/fd/{anonymous}")
+                os.fsync(anonymous)
+                os.fchmod(anonymous, 0o666 & ~_umask())
+                _commit_unnamed(anonymous, destination, overwrite=overwrite)
+                _sync_folder(destination.parent)
+        finally:
+            os.close(anonymous)
+        return
     with _writing(destination):
         fd, name = tempfile.mkstemp(prefix=_TEMP.format(name=destination.name, pid=os.getpid()),
                                     suffix=".tmp", dir=destination.parent)
@@ -145,11 +282,7 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False) -> Ite
                 os.fsync(f.fileno())
             os.chmod(temporary, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
             _commit(temporary, destination, overwrite=overwrite)
-            directory = os.open(destination.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            _sync_folder(destination.parent)
     finally:
         temporary.unlink(missing_ok=True)
 

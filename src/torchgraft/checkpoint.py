@@ -9,13 +9,19 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from .containers import Selection, all_tensors, select_weights
 from .devices import DeviceMap, DeviceSpec
-from .errors import CorruptCheckpointError, TensorNotFoundError, TorchgraftError, reading
+from .errors import (
+    CorruptCheckpointError,
+    TensorNotFoundError,
+    TorchgraftError,
+    parse_errors,
+    reading,
+)
 from .io import Contents, ReadOptions, open_contents
 from .meta import TensorMeta, TensorRef, parse_dtype
 from .safe_pickle import skipped_calls
@@ -172,12 +178,16 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
     """The same lazy tensor, its reads turning any failure into an error naming file and key."""
 
     def read() -> torch.Tensor:
-        with reading(path), _naming(name):
+        try:  # no context managers on the way in: 100k tensors read at a few us each
             return ref.read()
+        except Exception as exc:
+            _named(exc, name, path)
 
     def read_into(out: torch.Tensor) -> None:
-        with reading(path), _naming(name):
+        try:
             ref.read_into(out)
+        except Exception as exc:
+            _named(exc, name, path)
 
     def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
         with reading(path), _naming(name):
@@ -187,6 +197,12 @@ def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
                      read_box=read_box)
 
 
+def _named(exc: Exception, name: str, path: Path) -> NoReturn:
+    """Raise a failure while reading ``name`` as :func:`reading` and :func:`_naming` turn it."""
+    with reading(path), _naming(name):
+        raise exc
+
+
 @contextlib.contextmanager
 def _naming(name: str) -> Iterator[None]:
     """Name the tensor in a failure's message."""
@@ -194,7 +210,7 @@ def _naming(name: str) -> Iterator[None]:
         yield
     except TorchgraftError as exc:
         raise exc.about(name) from exc.__cause__
-    except Exception as exc:
+    except parse_errors() as exc:
         raise CorruptCheckpointError(f"while reading '{name}': the data is malformed "
                                      f"({type(exc).__name__}: {exc})") from exc
 

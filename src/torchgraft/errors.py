@@ -20,6 +20,7 @@ __all__ = [
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
     "UnsupportedModelError",
+    "parse_errors",
     "reading",
 ]
 
@@ -166,13 +167,39 @@ def _extra_requirements(extra: str) -> list[str]:
             if f'extra == "{extra}"' in r.replace("'", '"')]
 
 
+def parse_errors() -> tuple[type[BaseException], ...]:
+    """What a parser raises when the bytes it is given are bad (and nothing else).
+
+    ``ValueError`` (bad numbers, JSON, text encodings, numpy headers), ``struct.error``,
+    ``EOFError``, ``OverflowError``, and the unpickler's, zip's and zlib's own errors. An
+    ``AttributeError``, ``TypeError``, ``KeyError`` or ``IndexError`` is not among them: where
+    a file's structure can be wrong, readers check it and raise a
+    :class:`CorruptCheckpointError` naming what was wrong.
+    """
+    import pickle
+    import struct
+    import zipfile
+    import zlib
+
+    return (ValueError, struct.error, EOFError, OverflowError, pickle.UnpicklingError,
+            zipfile.BadZipFile, zlib.error)
+
+
+_BUG_NOTE = ("torchgraft: this is a bug in torchgraft, not a fault of the file '{path}'; please "
+             "report it with this traceback")
+
+
 @contextmanager
 def reading(path: str | Path) -> Iterator[None]:
-    """Turn any failure while reading ``path`` into a :class:`TorchgraftError` naming it.
+    """Name ``path`` in any failure while reading it; bad bytes become a library error.
 
-    Errors of ours get the path if they lack one; anything else (``KeyError``,
-    ``struct.error``, ``EOFError``, ``MemoryError``...) becomes a
-    :class:`CorruptCheckpointError`.
+    Errors of ours get the path if they lack one. What a parser raises on bad bytes
+    (:func:`parse_errors`) becomes a :class:`CorruptCheckpointError`, nesting too deep one
+    too, and an operating-system error a :class:`TorchgraftError` (a missing file a
+    :class:`CheckpointNotFoundError`), a feature the parser lacks (``NotImplementedError``,
+    from ``zipfile``) an :class:`UnsupportedCheckpointError`. Anything else is a fault of
+    torchgraft's own code: it propagates as it is, with a note saying it is a bug (the
+    original traceback kept).
 
     Args:
         path: The file or directory being read.
@@ -181,7 +208,7 @@ def reading(path: str | Path) -> Iterator[None]:
         Nothing; the body is guarded.
 
     Raises:
-        TorchgraftError: For any failure in the body.
+        TorchgraftError: For a failure caused by the file or the system.
     """
     try:
         yield
@@ -189,7 +216,21 @@ def reading(path: str | Path) -> Iterator[None]:
         raise exc.located(path) from exc.__cause__
     except RecursionError:
         raise CorruptCheckpointError("its structure nests too deeply", path=path) from None
-    except Exception as exc:
+    except FileNotFoundError as exc:
+        raise CheckpointNotFoundError(f"a file it needs is missing ({exc.strerror}: "
+                                      f"{exc.filename})", path=path) from exc
+    except OSError as exc:
+        raise TorchgraftError(f"cannot be read: {exc.strerror or exc}", path=path) from exc
+    except NotImplementedError as exc:  # zipfile: a compression method or encryption
+        raise UnsupportedCheckpointError(f"it uses what its parser does not read ({exc})",
+                                         path=path) from exc
+    except parse_errors() as exc:
         raise CorruptCheckpointError(
             f"the file is truncated or malformed ({type(exc).__name__}: {exc})", path=path
         ) from exc
+    except Exception as exc:
+        note = _BUG_NOTE.format(path=path)
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+
+        if add_note is not None and note not in getattr(exc, "__notes__", ()):
+            add_note(note)
+        raise

@@ -38,15 +38,36 @@ def _number(value: Any, kind: type[float] | type[int], what: str) -> Any:
     return kind(value)
 
 
-def _per_tensor(params: tuple[Any, ...]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _zero_points_fit(low: float, high: float, dtype: torch.dtype) -> None:
+    """Zero points outside the integer range of ``dtype``: ``dequantize`` would fail later."""
+    info = torch.iinfo(INT_REPR[dtype])
+    if low < info.min or high > info.max:
+        raise CorruptCheckpointError(
+            f"quantized tensor record with a zero point of {low if low < info.min else high}, "
+            f"outside {dtype}'s range {info.min}..{info.max}")
+
+
+def _view(values: torch.Tensor, empty: torch.Tensor) -> torch.Tensor:
+    """The quantized tensor viewing ``values``' memory, as ``torch.load`` builds it.
+
+    No copy: a view with stride 0 over one element stays one element.
+    """
+    return empty.set_(values.untyped_storage(), values.storage_offset(), values.shape,
+                      values.stride())
+
+
+def _per_tensor(params: tuple[Any, ...], dtype: torch.dtype,
+                ) -> Callable[[torch.Tensor], torch.Tensor]:
     if len(params) != 3:
         raise CorruptCheckpointError("per-tensor quantizer record without scale and zero point")
     scale = _number(params[1], float, "scale")
     zero_point = _number(params[2], int, "zero point")
-    return lambda values: torch._make_per_tensor_quantized_tensor(values, scale, zero_point)
+    _zero_points_fit(zero_point, zero_point, dtype)
+    return lambda values: _view(values, torch._empty_affine_quantized(
+        [0], scale=scale, zero_point=zero_point, dtype=dtype))
 
 
-def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...],
+def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.dtype,
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     if len(params) != 4 or not all(isinstance(p, TensorRef) for p in params[1:3]):
         raise CorruptCheckpointError("per-channel quantizer record without scales and zero points")
@@ -58,8 +79,11 @@ def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...],
             f"per-channel quantizer does not fit a tensor of shape {shape} (axis {axis})")
 
     def make(values: torch.Tensor) -> torch.Tensor:
-        return torch._make_per_channel_quantized_tensor(
-            values, scales.read(), zero_points.read(), axis)
+        points = zero_points.read()
+        if points.numel() and not points.is_floating_point():
+            _zero_points_fit(int(points.min()), int(points.max()), dtype)
+        return _view(values, torch._empty_per_channel_affine_quantized(
+            [0], scales=scales.read().double(), zero_points=points, axis=axis, dtype=dtype))
     return make
 
 
@@ -82,15 +106,15 @@ def quantized_ref(values: TensorRef, dtype: torch.dtype, quantizer: Any) -> Tens
         raise CorruptCheckpointError("quantized tensor record without a quantizer")
     scheme = quantizer[0]
     if scheme == torch.per_tensor_affine:
-        make = _per_tensor(quantizer)
+        make = _per_tensor(quantizer, dtype)
     elif scheme in _PER_CHANNEL:
-        make = _per_channel(quantizer, values.meta.shape)
+        make = _per_channel(quantizer, values.meta.shape, dtype)
     else:
         raise UnsupportedCheckpointError(
             f"quantization scheme {scheme!r:.40} is not read; dequantize before saving")
 
     def read() -> torch.Tensor:
-        return make(values.read().contiguous())
+        return make(values.read())
 
     meta = TensorMeta.of(values.meta.shape, dtype, values.meta.device)
     return TensorRef(meta, read, alias_key=("quantized", values.alias_key))

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from . import quantized
+from .bounds import check_fits, check_length, check_shape
 from .errors import (
     CorruptCheckpointError,
     UnsafeCheckpointError,
@@ -123,19 +124,57 @@ class TensorFactory(Protocol):
         """Return a lazy tensor viewing ``storage``; ``dtype`` overrides the storage's."""
 
 
+#: Distinct unknown globals recorded by name; further ones share one summary record.
+MAX_GLOBALS = 4096
+#: Arguments kept in the record of a call; the rest are counted (:attr:`PickledObject.dropped`).
+MAX_ARGS = 64
+#: Records of unknown classes a pickle may create: this many, plus one per 256 of its bytes.
+#: Calls past it share one record per global (O(1) each); objects past it are refused.
+MIN_RECORDS = 16_384
+#: The name every unknown global past :data:`MAX_GLOBALS` is recorded under.
+MORE_GLOBALS = "torchgraft.more_globals"
+
+
+class _Budget:
+    """How many records one unpickling may still create."""
+
+    def __init__(self, size: int) -> None:
+        self.left = MIN_RECORDS + size // 256
+        self.summarised = 0
+
+    def take(self, what: str, path: str | None) -> None:
+        """Count one record; refuse past the budget."""
+        if self.left <= 0:
+            raise CorruptCheckpointError(
+                f"the pickle builds more objects of unknown classes ({what}...) than a pickle "
+                "of its size can describe: refused", path=path)
+        self.left -= 1
+
+
 class _InertMeta(type):
     """Metaclass of stand-in classes: calling one is refused, building one is inert."""
 
     _tg_global: str
     _tg_unsafe: bool
     _tg_path: str | None
+    _tg_dangerous: bool
+    _tg_budget: _Budget
+    _tg_shared: Any
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if cls._tg_global in _INERT_CALLS:
             return _instance(cls, args)
         if not cls._tg_unsafe:
-            if is_dangerous(cls._tg_global):
+            if cls._tg_dangerous:
                 raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
+            budget = cls._tg_budget
+            if budget.left <= 0:  # O(1) from here on: one shared record per global
+                budget.summarised += 1
+                if cls._tg_shared is None:
+                    shared: Any = object.__new__(cls)  # type: ignore[arg-type]
+                    shared.__init_record__((), True)
+                    cls._tg_shared = shared
+                return cls._tg_shared
             record = _instance(cls, args)
             record.called = True
             return record
@@ -154,6 +193,9 @@ def _instance(cls: Any, args: tuple[Any, ...]) -> Any:
     return cls.__new__(cls, *args)
 
 
+_NO_BUDGET = _Budget(1 << 62)
+
+
 class PickledObject(metaclass=_InertMeta):
     """An object from a pickle whose class was not imported: its class name and its state.
 
@@ -165,24 +207,36 @@ class PickledObject(metaclass=_InertMeta):
         state: What the pickle gave to ``__setstate__`` (usually the instance ``__dict__``).
         items: Entries set on it as a mapping (dict subclasses).
         list_items: Entries appended to it (list subclasses).
+        dropped: Arguments past :data:`MAX_ARGS`, counted, not kept.
     """
 
+    __slots__ = ("args", "called", "dropped", "items", "list_items", "state")
     _tg_global = "builtins.object"
     _tg_unsafe = False
     _tg_path: str | None = None
+    _tg_dangerous = False
+    _tg_budget = _NO_BUDGET
+    _tg_shared: Any = None
 
     def __new__(cls, *args: Any) -> PickledObject:
         """Create an empty record; nothing of the real class runs."""
+        cls._tg_budget.take(cls._tg_global, cls._tg_path)
         obj = object.__new__(cls)
-        obj.args = args
-        obj.called = False
-        obj.state = None
-        obj.items = {}
-        obj.list_items = []
+        obj.__init_record__(args, False)
         return obj
+
+    def __init_record__(self, args: tuple[Any, ...], called: bool) -> None:
+        """Fill an empty record (the first :data:`MAX_ARGS` arguments kept)."""
+        self.args = args[:MAX_ARGS]
+        self.dropped = len(args) - len(self.args)
+        self.called = called
+        self.state = None
+        self.items = {}
+        self.list_items = []
 
     args: tuple[Any, ...]
     called: bool
+    dropped: int
     state: Any
     items: dict[Any, Any]
     list_items: list[Any]
@@ -267,7 +321,12 @@ def _display(global_name: str) -> str:
 
 def _encode(text: str, encoding: str = "utf-8") -> bytes:
     """``_codecs.encode``, as protocol 2 pickles store bytes: text codecs only."""
-    if codecs.lookup(encoding).name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
+    try:
+        name = codecs.lookup(encoding).name
+    except (LookupError, TypeError):
+        raise CorruptCheckpointError(f"_codecs.encode with unknown encoding {encoding!r:.40}"
+                                     ) from None
+    if name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
         raise UnsafeCheckpointError(f"_codecs.encode with encoding {encoding!r}")
     return text.encode(encoding)
 
@@ -308,7 +367,10 @@ class _NumpyDType:
     def __init__(self, code: Any, align: bool = False, copy: bool = True) -> None:
         if not isinstance(code, str):
             raise CorruptCheckpointError(f"numpy dtype code {code!r} is not a string")
-        self.dtype = np.dtype(code)
+        try:
+            self.dtype = np.dtype(code)
+        except (TypeError, ValueError):
+            raise CorruptCheckpointError(f"numpy dtype code {code!r:.40} is unknown") from None
         if self.dtype.hasobject:
             raise UnsupportedCheckpointError("numpy arrays of Python objects are not read")
 
@@ -342,14 +404,26 @@ class _NumpyArray:
             raw = raw.encode("latin-1")
         if not isinstance(raw, (bytes, bytearray)):
             raise UnsupportedCheckpointError("numpy arrays of Python objects are not read")
-        shape = tuple(int(d) for d in shape)
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.dtype.itemsize
+        shape = check_shape(shape, what="a numpy array")
+        expected = check_fits(shape, dtype.dtype.itemsize, available=len(raw),
+                              what=f"a numpy array of dtype {dtype.dtype}")
         if len(raw) != expected:
             raise CorruptCheckpointError(
                 f"numpy array of shape {shape} and dtype {dtype.dtype} needs {expected} bytes, "
                 f"the pickle holds {len(raw)}")
         flat = np.frombuffer(bytes(raw), dtype=dtype.dtype)
         self.array = flat.reshape(shape, order="F" if fortran else "C")
+
+
+class _NumpyArrayClass:
+    """``numpy.ndarray``, the class ``_reconstruct`` is given: never called by numpy's pickles.
+
+    Calling it (``numpy.ndarray((2**33,))``) would reserve what the file claims: refused.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise CorruptCheckpointError("the pickle calls numpy.ndarray directly, which no numpy "
+                                     "pickle does (it would reserve memory the file claims)")
 
 
 def _numpy_frombuffer(raw: Any, dtype: Any, shape: Any, order: Any) -> _NumpyArray:
@@ -505,7 +579,7 @@ _SAFE_CALLS: dict[str, Any] = {
     "numpy._core.multiarray.scalar": _numpy_scalar,
     "numpy._core.numeric._frombuffer": _numpy_frombuffer,
     "numpy.dtype": _NumpyDType,
-    "numpy.ndarray": np.ndarray,
+    "numpy.ndarray": _NumpyArrayClass,
     # TorchScript archives (torch.jit.save) wrap lists and typed values in these.
     "torch.jit._pickle.build_intlist": list, "torch.jit._pickle.build_tensorlist": list,
     "torch.jit._pickle.build_doublelist": list, "torch.jit._pickle.build_boollist": list,
@@ -514,8 +588,8 @@ _SAFE_CALLS: dict[str, Any] = {
 
 
 class _SafeUnpickler(pickle.Unpickler):
-    def __init__(self, file: IO[bytes], *, path: str | None, unsafe: bool,
-                 factory: TensorFactory | None) -> None:
+    def __init__(self, file: Any, *, path: str | None, unsafe: bool,
+                 factory: TensorFactory | None, budget: _Budget) -> None:
         super().__init__(file)
         self._path = path
         self._unsafe = unsafe
@@ -523,6 +597,7 @@ class _SafeUnpickler(pickle.Unpickler):
         self._calls = {**_SAFE_CALLS, **_Rebuilders(factory).calls(),
                        "builtins.getattr": self._getattr}
         self._stubs: dict[str, Any] = {}
+        self._budget = budget
 
     def _getattr(self, obj: Any, name: Any, *default: Any) -> Any:
         """``getattr`` on a record of an unknown class gives a record; on anything else, no."""
@@ -548,9 +623,16 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def _stub(self, dotted: str) -> Any:
         if dotted not in self._stubs:
+            dangerous = is_dangerous(dotted)
+            if len(self._stubs) >= MAX_GLOBALS and not dangerous and not self._unsafe:
+                dotted = MORE_GLOBALS
+                if dotted in self._stubs:
+                    return self._stubs[dotted]
             self._stubs[dotted] = _InertMeta(
                 dotted.rpartition(".")[2] or dotted, (PickledObject,),
-                {"_tg_global": dotted, "_tg_unsafe": self._unsafe, "_tg_path": self._path},
+                {"__slots__": (), "_tg_global": dotted, "_tg_unsafe": self._unsafe,
+                 "_tg_path": self._path, "_tg_dangerous": dangerous,
+                 "_tg_budget": self._budget, "_tg_shared": None},
             )
         return self._stubs[dotted]
 
@@ -611,29 +693,105 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
         UnsafeCheckpointError: If the pickle calls a global outside the allow-list.
         CorruptCheckpointError: If the pickle is truncated or malformed.
     """
-    stream = io.BytesIO(file) if isinstance(file, bytes) else file
+    raw = io.BytesIO(file) if isinstance(file, bytes) else file
     with reading(path or "<pickle>"):
-        start = stream.tell()
-        _check_memo(stream)
+        start = raw.tell()
+        end = raw.seek(0, io.SEEK_END)
+        raw.seek(start)
+        stream = _Bounded(raw, end)
+        _check_opcodes(stream, end)
         stream.seek(start)
-        obj = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory).load()
+        unpickler = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory,
+                                   budget=_Budget(end - start))
+        try:
+            obj = unpickler.load()
+        except _MACHINE_ERRORS as exc:
+            if not _raised_by_the_machine(exc):
+                raise
+            raise CorruptCheckpointError(f"the pickle is malformed ({type(exc).__name__}: "
+                                         f"{exc})") from exc
         return _finish(obj, {})
+
+
+#: What the unpickler raises on opcodes that do not fit together (``REDUCE`` with arguments
+#: that are not a tuple, ``APPEND`` to a number...), besides ``UnpicklingError``.
+_MACHINE_ERRORS = (TypeError, AttributeError, KeyError, IndexError)
+
+
+def _raised_by_the_machine(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the unpickler's C code: bad bytes, not a bug.
+
+    That is the unpickler itself, or a call it made that never entered Python code (a
+    builtin, or a callable given the wrong arguments). An error raised inside one of
+    torchgraft's Python implementations has a frame of its own below :func:`safe_load`'s:
+    that is a bug, and propagates.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is safe_load.__code__
+
+
+class _Bounded:
+    """A stream that never reads past ``end``.
+
+    A length in a pickle (``BINUNICODE`` of 4 GiB, ``BINBYTES8`` of 2^62, a ``FRAME`` of
+    2^40) makes the unpickler ask its file for that many bytes at once, and a buffered file
+    reserves them before reading; here every read is cut to what the file still holds, so a
+    lying length costs nothing and ends as "truncated".
+    """
+
+    def __init__(self, raw: IO[bytes], end: int) -> None:
+        self.raw = raw
+        self.end = end
+        self.position = raw.tell()
+
+    def _cut(self, n: int | None) -> int:
+        left = self.end - self.position
+        return left if n is None or n < 0 or n > left else n
+
+    def read(self, n: int | None = -1) -> bytes:
+        data = self.raw.read(self._cut(n))
+        self.position += len(data)
+        return data
+
+    def readline(self, n: int | None = -1) -> bytes:
+        data = self.raw.readline(self._cut(n))
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, position: int) -> None:
+        self.position = self.raw.seek(position)
 
 
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 
 
-def _check_memo(stream: IO[bytes]) -> None:
-    """Refuse memo indices no pickler writes, before the unpickler sizes its memo by them.
+def _check_opcodes(stream: _Bounded, end: int) -> None:
+    """Refuse lengths and memo indices no pickler writes, before the unpickler acts on them.
 
-    A pickler numbers its memo entries 0, 1, 2...; ``LONG_BINPUT 2**27`` in a 10-byte file
-    would make CPython's unpickler allocate a 2**27-entry table. Walking the opcodes first
-    (``pickletools``: no object is built) bounds every index by the entries so far.
+    Walking the opcodes first (``pickletools``: no object is built) through a stream cut at
+    the file's end bounds every counted length by the bytes that exist (the walk reads the
+    bytes it names: a length past the end is "truncated"), and every ``FRAME`` too. A pickler
+    numbers its memo entries 0, 1, 2...; ``LONG_BINPUT 2**27`` in a 10-byte file would make
+    CPython's unpickler allocate a 2**27-entry table: every index is bounded by the entries
+    so far.
     """
     entries = 0
-    for opcode, arg, _pos in pickletools.genops(stream):
-        if opcode.name in _PUTS:
+    for opcode, arg, pos in pickletools.genops(stream):  # type: ignore[arg-type]
+        if opcode.name == "FRAME":
+            check_length(arg, available=end - (pos or 0) - 9, what="a pickle frame's length")
+        elif opcode.name in _PUTS:
             if not isinstance(arg, int) or not 0 <= arg <= entries:
                 raise CorruptCheckpointError(f"memo index {arg} where at most {entries} can be")
             entries += arg == entries

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .atomic import atomic_dir, atomic_path, clean_stale
-from .errors import TorchgraftError
+from .atomic import alive, atomic_dir, atomic_path, clean_stale
+from .errors import CheckpointWriteError, TorchgraftError
 from .graft.experts import per_expert
 from .graft.source import open_source
 from .io import Format, WriteJob, formats
@@ -40,8 +42,9 @@ def parse_size(size: int | str) -> int:
     """
     if isinstance(size, int):
         return size
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]I?B|B)?\s*", size.upper())
-    if match is None or float(match.group(1)) <= 0:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]I?B|B)?\s*",
+                         size.upper())
+    if match is None or float(match.group(1)) * _UNITS[match.group(2) or ""] < 1:
         raise TorchgraftError(f"{size!r} is not a size such as '2GB' or '500MiB'")
     return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
 
@@ -108,6 +111,12 @@ def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str
     are taken, the new shards get a unique tag in their names (loaders read names from the
     index). The old shards are removed once the new index is in place, and shards that a
     killed write left behind, named by no index, by the next write.
+
+    Only files this write created are removed on failure, and only shards of this name
+    (``<stem>-...-of-....<suffix>``) that the old index named once the new one is in place:
+    an old index naming another file (``config.json``) never loses it. With
+    ``overwrite=False`` the index commit is exclusive: of two writers, one wins and the other
+    removes its shards and raises.
     """
     assert fmt.write is not None
     index = path.with_name(f"{path.name}.index.json")
@@ -115,31 +124,78 @@ def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str
         raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
                               "replace it", path=index)
     stem, suffix = path.name.split(".", 1)
+    shard_name = _shard_pattern(stem, suffix)
+    with _writers_of(path.parent) as alone:
+        old = {name for name in _indexed_shards(index) if shard_name.fullmatch(name)}
+        _remove_orphans(path.parent, stem, suffix, keep=old, alone=alone)
+        return _write_shards(job, path, fmt, groups, index=index, old=old, overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def _writers_of(folder: Path) -> Iterator[bool]:
+    """Count this process among the sharded writers of ``folder``; yield whether it is alone.
+
+    Each writer holds a shared ``flock`` on the folder while it writes (the kernel drops it
+    when a writer is killed); one that can take it exclusively first knows that no other
+    writer is under way, so any shard no index names is a killed write's leftover.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError as exc:
+        raise CheckpointWriteError(f"cannot write it: {exc.strerror or exc}",
+                                   path=folder) from exc
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except OSError:
+            alone = False
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield alone
+    finally:
+        os.close(handle)
+
+
+def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]], *,
+                  index: Path, old: set[str], overwrite: bool) -> list[Path]:
+    assert fmt.write is not None
+    stem, suffix = path.name.split(".", 1)
     total = len(groups)
-    old = _indexed_shards(index)
-    _remove_orphans(path.parent, stem, suffix, keep=old)
     names = [f"{stem}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
     if any((path.parent / name).exists() for name in names):
-        tag = secrets.token_hex(4)
+        tag = f"{os.getpid():08x}{secrets.token_hex(2)}"
         names = [f"{stem}-{tag}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
     weight_map: dict[str, str] = {}
-    written = []
-    for name, keys in zip(names, groups, strict=True):
-        shard = path.with_name(name)
-        part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
-                        legacy=job.legacy, progress=job.progress)
-        with atomic_path(shard) as temporary:
-            fmt.write(part, temporary)
-        weight_map.update(dict.fromkeys(keys, shard.name))
-        written.append(shard)
-    total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
-                     for n in weight_map)
-    with atomic_path(index, overwrite=True) as temporary:
-        temporary.write_text(json.dumps({"metadata": {"total_size": total_size, **job.metadata},
-                                         "weight_map": weight_map}, indent=2))
+    written: list[Path] = []
+    try:
+        for name, keys in zip(names, groups, strict=True):
+            shard = path.with_name(name)
+            part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
+                            legacy=job.legacy, progress=job.progress)
+            with atomic_path(shard, unnamed=True) as temporary:
+                fmt.write(part, temporary)
+            weight_map.update(dict.fromkeys(keys, shard.name))
+            written.append(shard)
+        total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
+                         for n in weight_map)
+        with atomic_path(index, overwrite=overwrite, unnamed=True) as temporary:
+            temporary.write_text(json.dumps({"metadata": {"total_size": total_size,
+                                                          **job.metadata},
+                                             "weight_map": weight_map}, indent=2))
+    except BaseException:
+        for shard in written:
+            shard.unlink(missing_ok=True)
+        raise
     for stale in old - set(names):
         (path.parent / stale).unlink(missing_ok=True)
     return [*written, index]
+
+
+def _shard_pattern(stem: str, suffix: str) -> re.Pattern[str]:
+    """Shard names of ``<stem>.<suffix>``; group ``tag``: a tagged write's tag."""
+    return re.compile(rf"{re.escape(stem)}-(?:(?P<tag>[0-9a-f]{{8}}|[0-9a-f]{{12}})-)?"
+                      rf"\d{{5}}-of-\d{{5}}\.{re.escape(suffix)}")
 
 
 def _indexed_shards(index: Path) -> set[str]:
@@ -153,12 +209,29 @@ def _indexed_shards(index: Path) -> set[str]:
     return {name for name in map(str, weight_map.values()) if Path(name).name == name}
 
 
-def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str]) -> None:
-    """Remove what a killed sharded write left: tagged shards no index names, temporaries."""
-    pattern = re.compile(rf"{re.escape(stem)}-[0-9a-f]{{8}}-\d{{5}}-of-\d{{5}}\."
-                         rf"{re.escape(suffix)}")
+def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str],
+                    alone: bool) -> None:
+    """Remove what killed sharded writes left: shards no index names, and temporaries.
+
+    When no other writer is under way (``alone``), every shard of this name that the index
+    does not name is a leftover. Otherwise only tagged ones
+    (``<stem>-<pid><rand>-00001-of-00002``) whose writer's process is gone. Files of other
+    users are left alone.
+    """
+    pattern = _shard_pattern(stem, suffix)
     for file in folder.glob(f"{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}"):
-        if pattern.fullmatch(file.name) and file.name not in keep:
+        match = pattern.fullmatch(file.name)
+        if match is None or file.name in keep:
+            continue
+        try:
+            status = file.lstat()
+        except OSError:
+            continue
+        tag = match["tag"]
+        writer = int(tag[:8], 16) if tag is not None and len(tag) == 12 else None
+        if status.st_uid != os.getuid():
+            continue
+        if alone or (writer is not None and writer != os.getpid() and not alive(writer)):
             file.unlink(missing_ok=True)
     clean_stale(folder, f".{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}.tg-*")
 
@@ -197,7 +270,7 @@ def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None
         with atomic_dir(destination, overwrite=overwrite) as temporary:
             fmt.write(job, temporary)
     else:
-        with atomic_path(destination, overwrite=overwrite) as temporary:
+        with atomic_path(destination, overwrite=overwrite, unnamed=True) as temporary:
             fmt.write(job, temporary)
     return [destination]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,36 +51,29 @@ class GPT2MLP(nn.Module):
         return self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.mlp = GPT2MLP()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mlp(x)
+def block() -> nn.Module:
+    """GPT-2's block, as far as its MLP goes: ``mlp.c_fc``, ``mlp.c_proj``."""
+    return nn.Sequential(OrderedDict(mlp=GPT2MLP()))
 
 
-class Attn(nn.Module):
+def fused() -> nn.Module:
     """A fused projection (timm's ``attn.qkv``); the file holds ``q``, ``k`` and ``v``."""
+    return nn.Sequential(OrderedDict(attn=nn.Sequential(OrderedDict(qkv=nn.Linear(8, 24)))))
+
+
+class Vocab(nn.Module):
+    """An embedding grown from 10 rows (the file) to 12: the rows both have are kept."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.qkv = nn.Linear(8, 24)
+        self.embed = nn.Embedding(12, 8)
+        self.out = nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.qkv(x)
+        return self.out(self.embed(x))
 
 
-class Fused(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.attn = Attn()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.attn(x)
-
-
-def build(kind: type[nn.Module], meta: bool) -> nn.Module:
+def build(kind: Callable[[], nn.Module], meta: bool) -> nn.Module:
     torch.manual_seed(1)  # not the file's values
     if meta:
         with torch.device("meta"):
@@ -108,7 +102,7 @@ def tp(model: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
     return parallelize_module(model, mesh, {k: styles[v]() for k, v in plan.items()})
 
 
-def reference(kind: type[nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
+def reference(kind: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
     model = kind()
     model.load_state_dict(state)
     return model
@@ -180,8 +174,8 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
 
     def gpt2_conv1d() -> dict[str, Any]:
         assert grid is not None
-        model = build(Block, meta=True)
-        tp(model.mlp, grid["tp"], {"c_fc": "col", "c_proj": "row"})
+        model = build(block, meta=True)
+        tp(model.get_submodule("mlp"), grid["tp"], {"c_fc": "col", "c_proj": "row"})
         fsdp(model, grid["dp"])
         out = graft(model, FOLDER / "gpt2_mlp.safetensors")
         io = torch.load(FOLDER / "gpt2_io.pt", weights_only=True)
@@ -192,14 +186,28 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
     def fused_qkv() -> dict[str, Any]:
         """q, k, v from the file into a column-sharded fused qkv: each rank reads its rows."""
         assert grid is not None
-        model = build(Fused, meta=True)
-        tp(model.attn, grid["tp"], {"qkv": "col-sharded"})
+        model = build(fused, meta=True)
+        tp(model.get_submodule("attn"), grid["tp"], {"qkv": "col-sharded"})
         fsdp(model, grid["dp"])
         parts = load_file(FOLDER / "qkv.safetensors")
-        fused = reference(Fused, {
+        expected = reference(fused, {
             f"attn.qkv.{leaf}": torch.cat([parts[f"attn.{p}.{leaf}"] for p in "qkv"])
             for leaf in ("weight", "bias")})
-        return graft(model, FOLDER / "qkv.safetensors") | check(model, fused, x, train=True)
+        return graft(model, FOLDER / "qkv.safetensors") | check(model, expected, x, train=True)
+
+    def grown_vocab() -> dict[str, Any]:
+        """An adaptation that keeps the model's own rows: the whole tensor, then the block."""
+        from torch.distributed.tensor import DTensor
+
+        own = build(Vocab, meta=False).embed.weight.detach().clone()
+        model = fsdp(build(Vocab, meta=False), flat)
+        out = graft(model, FOLDER / "vocab.safetensors")
+        weight = model.embed.weight
+        assert isinstance(weight, DTensor)
+        full = weight.full_tensor()
+        stored = load_file(FOLDER / "vocab.safetensors")["embed.weight"]
+        return out | {"kept": torch.equal(full[:10], stored) and torch.equal(full[10:],
+                                                                             own[10:])}
 
     def dcp_2_into_4() -> dict[str, Any]:
         model = build(DCPNet, meta=True)
@@ -235,6 +243,10 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
     def broken_missing() -> dict[str, Any]:
         return graft(fsdp(build(MLP, meta=False), flat), FOLDER / "missing.safetensors")
 
+    def verify_refused() -> dict[str, Any]:
+        model = fsdp(build(MLP, meta=True), flat)
+        return graft(model, FOLDER / "model.safetensors", verify=True)
+
     def partial_placement() -> dict[str, Any]:
         from torch.distributed.tensor import DTensor, Partial
 
@@ -244,9 +256,10 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         return graft(model, FOLDER / "model.safetensors")
 
     return {f.__name__: f for f in (fsdp_meta_pt, fsdp_safetensors, tp_meta_hf_folder,
-                                    fsdp_tp_grid, gpt2_conv1d, fused_qkv, dcp_2_into_4,
+                                    fsdp_tp_grid, gpt2_conv1d, fused_qkv, grown_vocab,
+                                    dcp_2_into_4,
                                     dcp_converted_for_4, broken_shape, broken_missing,
-                                    partial_placement)}
+                                    partial_placement, verify_refused)}
 
 
 class DCPNet(nn.Sequential):
@@ -272,6 +285,9 @@ def main() -> None:
     (FOLDER / f"rank{rank}.json").write_text(json.dumps(results, indent=1))
     dist.barrier()  # every rank done before the group goes: gloo aborts on a lone teardown
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # now and then a C++ destructor at exit called std::terminate: results are in
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ def _write_sources(folder: Path) -> None:
     torch.manual_seed(3)
     save_file({f"attn.{p}.{leaf}": torch.randn(8, 8) if leaf == "weight" else torch.randn(8)
                for p in "qkv" for leaf in ("weight", "bias")}, folder / "qkv.safetensors")
+    save_file({"embed.weight": torch.randn(10, 8), "out.weight": torch.randn(4, 8),
+               "out.bias": torch.randn(4)}, folder / "vocab.safetensors")
     _write_gpt2(folder)
     write_fsdp2(folder / "dcp")  # 2 ranks; reference.pt beside it
     tg.convert(folder / "model.safetensors", folder / "dcp4", ranks=RANKS)
@@ -100,6 +102,13 @@ def test_dcp_converted_for_4_ranks(ranks: list[dict[str, Any]]) -> None:
         assert result["own_file_only"], (rank, result["files"])  # its own file, nothing else
 
 
+def test_an_adapted_tensor_keeps_the_model_rows(ranks: list[dict[str, Any]]) -> None:
+    for rank, results in enumerate(ranks):
+        result = results["grown_vocab"]
+        assert result["kept"], (rank, result)
+        assert "rows 10->12: 10 kept" in result["report"], result["report"]
+
+
 def test_gpt2_conv1d_file_into_sharded_linears(ranks: list[dict[str, Any]]) -> None:
     for rank, results in enumerate(ranks):
         result = results["gpt2_conv1d"]
@@ -124,6 +133,12 @@ def test_a_placement_without_a_block_is_an_error_of_the_model(
         assert result["error"] == "UnsupportedModelError", result
         assert "MLP" in result["message"] and "'head.weight'" in result["message"]
         assert "Partial" in result["message"]
+
+
+def test_verify_true_is_refused_for_a_sharded_model(ranks: list[dict[str, Any]]) -> None:
+    for results in ranks:
+        assert results["verify_refused"]["error"] == "TorchgraftError"
+        assert "sharded model" in results["verify_refused"]["message"]
 
 
 class _Tagged(torch.Tensor):

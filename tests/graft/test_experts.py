@@ -267,3 +267,57 @@ def test_per_expert_names_without_a_model() -> None:
     assert state["experts.gate_up_proj"].shape == (4, 12, 8)
     with pytest.raises(tg.TorchgraftError, match="experts='other'"):
         per_expert(refs, "other")
+
+
+def test_gpt_oss_interleaved_in_out_experts_round_trip_through_the_per_expert_layout(
+        tmp_path: Path) -> None:
+    model = build("gpt_oss", seed=0)
+    tg.save(model, tmp_path / "apart.safetensors", experts="per-expert")
+    apart = load_file(tmp_path / "apart.safetensors")
+    gate_up = model.model.layers[0].mlp.experts.gate_up_proj  # [E, H, 2I], gate/up interleaved
+    assert torch.equal(apart["model.layers.0.mlp.experts.1.up_proj.weight"],
+                       gate_up[1, :, 1::2].T)
+    assert torch.equal(apart["model.layers.0.mlp.experts.1.up_proj.bias"],
+                       model.model.layers[0].mlp.experts.gate_up_proj_bias[1, 1::2])
+    again = build("gpt_oss", seed=1)
+    report = tg.graft(tmp_path / "apart.safetensors", again)
+    assert report.ok and not report.missing and not report.unused, report
+    assert "gpt-oss order, interleaved, [E, in, out]" in \
+        report.adapted["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(logits(again), logits(model))
+
+
+def test_unstacking_into_fewer_experts_is_refused_for_the_whole_layer() -> None:
+    target = ListMoE(experts=3)
+    before = target.experts[0].gate_proj.weight.detach().clone()
+    report = tg.graft(StackedMoE(experts=4), target, verify=False)
+    assert not report.ok
+    why = report.reasons["experts.0.gate_proj.weight"]
+    assert why.startswith("Cannot unstack 'experts.gate_up_proj' (4 experts) into the model's "
+                          "3 experts of 'experts'")
+    assert report.reasons["experts.gate_up_proj"] == why
+    assert torch.equal(target.experts[0].gate_proj.weight, before)
+
+
+class UpGateExperts(StackedExperts):
+    """Stacks up before gate: names cannot tell it from the usual order, outputs can."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.einsum("...h,eoh->e...o", x, self.gate_up_proj) + \
+            self.gate_up_proj_bias[:, None]
+        up, gate = gate_up.chunk(2, dim=-1)
+        inner = nn.functional.silu(gate) * up
+        return torch.einsum("e...i,ehi->e...h", inner, self.down_proj) + \
+            self.down_proj_bias[:, None]
+
+
+def test_a_source_model_verifies_the_stacking_and_catches_another_order(
+        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = sources(ListMoE(), tmp_path)["safetensors"]
+    report = tg.graft(path, StackedMoE(), source_model=ListMoE, example_inputs=X, verify=True)
+    assert report.ok, report
+    other = StackedMoE()
+    other.experts = UpGateExperts(4, 8, 6)
+    report = tg.graft(path, other, source_model=ListMoE, example_inputs=X, verify=True)
+    assert not report.ok and report.divergence is not None, report

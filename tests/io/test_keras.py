@@ -85,6 +85,10 @@ def test_legacy_tf_keras_h5_grafts() -> None:
     _check(FIXTURES / "legacy.h5", LegacyNet(), "legacy_io.npz")
 
 
+def test_legacy_whole_model_h5_grafts_and_its_architecture_is_not_run() -> None:
+    _check(FIXTURES / "legacy_full.h5", LegacyNet(), "legacy_full_io.npz")
+
+
 def test_transformers_tf_model_h5_grafts_into_bert() -> None:
     assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
 

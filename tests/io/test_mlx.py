@@ -73,12 +73,33 @@ def test_wrong_bits_or_mode_are_errors(tmp_path: Path) -> None:
         tg.open(_copy(tmp_path / "b", {"group_size": 32, "bits": 4, "mode": "mxfp4"}))
 
 
-def test_save_weights_convolutions_are_not_taken_as_stored() -> None:
-    """MLX's save_weights stores convolutions [out, kh, kw, in] with no marker: a CNN whose
-    second convolution tells the layouts apart is never ok (the first alone could not)."""
-    model = torch.nn.Sequential()
-    model.conv = torch.nn.Conv2d(3, 4, 3)
-    model.conv2 = torch.nn.Conv2d(4, 6, 3, padding=1)
-    model.fc = torch.nn.Linear(6, 3)
-    for name in ("cnn.safetensors", "cnn.npz"):
-        assert not tg.graft(FIXTURES / name, model, strict=False).ok
+class MlxCNN(torch.nn.Module):
+    """The MLX CNN (channels-last input): Conv2d(3, 4, 3), Conv2d(4, width, 3), Linear."""
+
+    def __init__(self, width: int = 6) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.conv2 = torch.nn.Conv2d(4, width, 3, padding=1)
+        self.fc = torch.nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv2(torch.relu(self.conv(x.permute(0, 3, 1, 2)))))
+        return self.fc(y.mean((2, 3)))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", ["cnn.safetensors", "cnn.npz"])
+def test_save_weights_convolutions_are_permuted_from_channels_last(name: str) -> None:
+    """save_weights files carry no marker: conv2 ([6, 3, 3, 4]) fits only as [out, kh, kw,
+    in], which tells the layout; conv ([4, 3, 3, 3]) reads the same either way."""
+    io = np.load(FIXTURES / "cnn_io.npz")
+    model = MlxCNN().eval()
+    report = tg.graft(FIXTURES / name, model)
+    assert report.ok, report
+    assert "axes permuted" in str(report)
+    with torch.no_grad():
+        np.testing.assert_allclose(model(torch.from_numpy(io["x"])).numpy(), io["y"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_another_width_is_never_ok() -> None:
+    assert not tg.graft(FIXTURES / "cnn.safetensors", MlxCNN(width=8), strict=False).ok

@@ -72,6 +72,19 @@ def test_external_data_is_read_by_offset(tmp_path: Path, exported: tuple[Net, Pa
     assert set(tg.load(converted)) == set(Net().state_dict())
 
 
+def test_dynamo_export_with_external_data_grafts_back(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = Net().eval()
+    path = tmp_path / "dynamo.onnx"
+    torch.onnx.export(model, _inputs(), str(path), dynamo=True, external_data=True)
+    assert (tmp_path / "dynamo.onnx.data").is_file()
+    target = Net()
+    assert tg.graft(path, target).ok
+    with torch.no_grad():
+        torch.testing.assert_close(target(*_inputs()), model(*_inputs()), rtol=0, atol=0)
+
+
 def test_another_width_is_never_ok(exported: tuple[Net, Path]) -> None:
     assert not tg.graft(exported[1], Net(hidden=32), strict=False).ok
 

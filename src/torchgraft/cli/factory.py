@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +28,28 @@ def _module(spec: str) -> Any:
             raise TorchgraftError("cannot import this file", path=path)
         module = importlib.util.module_from_spec(loader)
         sys.modules[path.stem] = module
-        loader.loader.exec_module(module)
+        with _importing(spec):
+            loader.loader.exec_module(module)
         return module
     if "" not in sys.path:
         sys.path.insert(0, "")
-    try:
+    with _importing(spec):
         return importlib.import_module(spec)
+
+
+@contextmanager
+def _importing(spec: str) -> Iterator[None]:
+    """A model module that cannot be imported is the user's input: a message, not a trace."""
+    try:
+        yield
+    except SyntaxError as exc:
+        raise TorchgraftError(f"the model file has a syntax error at line {exc.lineno}: "
+                              f"{exc.msg}", path=exc.filename or spec) from None
     except ImportError as exc:
         raise TorchgraftError(f"cannot import module '{spec}': {exc}") from None
+    except Exception as exc:  # the user's module raised while importing
+        raise TorchgraftError(f"importing '{spec}' raised {type(exc).__name__}: {exc} (run it "
+                              "with python to see where)") from exc
 
 
 def build_model(spec: str, kwargs_json: str | None) -> nn.Module:
@@ -62,7 +78,11 @@ def build_model(spec: str, kwargs_json: str | None) -> nn.Module:
     factory = getattr(_module(module_name), factory_name, None)
     if not callable(factory):
         raise TorchgraftError(f"'{module_name}' has no callable '{factory_name}'")
-    model = factory(**kwargs)
+    try:
+        model = factory(**kwargs)
+    except TypeError as exc:  # an argument the factory does not take, or lacks
+        raise TorchgraftError(f"--model {spec} with --model-kwargs {kwargs_json or '{}'}: "
+                              f"{exc}") from exc
     if not isinstance(model, nn.Module):
         raise TorchgraftError(f"{spec} returned a {type(model).__name__}, not an nn.Module")
     return model

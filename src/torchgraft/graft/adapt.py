@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 
 __all__ = ["Dequantize", "Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute",
-           "Rows", "Transpose", "fresh_values", "label_pairs"]
+           "Permute", "Rows", "Transpose", "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -62,9 +62,33 @@ class Transpose:
         """Transpose a 2-D weight."""
         return tensor.t()
 
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape a stored tensor of ``shape`` has once transposed."""
+        return shape[::-1]
+
     def describe(self) -> str:
         """Text for the report."""
         return f"transposed ({self.why})"
+
+
+@dataclass(frozen=True)
+class Permute:
+    """The source stores this weight's axes in another order (another framework's layout)."""
+
+    why: str
+    dims: tuple[int, ...]
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """Put the axes in the target's order (``torch.permute``)."""
+        return tensor.permute(self.dims)
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape a stored tensor of ``shape`` has once permuted."""
+        return tuple(shape[d] for d in self.dims)
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return f"axes permuted to {self.dims} ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -183,7 +207,7 @@ class Derived:
         return self.why
 
 
-Op = Dequantize | Derived | Transpose | InputChannels | Rows | RotaryPermute
+Op = Dequantize | Derived | Transpose | Permute | InputChannels | Rows | RotaryPermute
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

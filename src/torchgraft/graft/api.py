@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, get_args
@@ -13,7 +14,7 @@ from torch import nn
 from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
-from .adapt import Init, LabelMap, RotaryPermute
+from .adapt import Init, LabelMap
 from .adapters import (
     adapter_keys,
     modules_to_save_layout,
@@ -25,15 +26,18 @@ from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
 from .html import describe
+from .inputs import Inputs
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
-from .plan import Match, Plan, build_plan
+from .plan import Match, build_plan
 from .quantized_target import graft_quantized
+from .reference import Want, reference_for
 from .report import GraftError, GraftReport
 from .rules import RulesSpec, parse_rules
+from .settle import verify_graft
 from .sides import module_side, quantized_modules, state_tensors, unwrap
 from .source import GraftSource, SourceLike, open_source
-from .verify import compare
+from .source_model import SourceModelLike
 
 __all__ = ["Verify", "graft"]
 
@@ -50,7 +54,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           label_map: LabelMap | None = None, device: str | torch.device | None = None,
           unsafe: bool = False, weights_key: str | None = None, component: str | None = None,
           progress: Callable[[int, int], None] | None = None,
-          follow_links: bool = False) -> GraftReport:
+          follow_links: bool = False,
+          source_model: SourceModelLike | None = None) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
@@ -63,6 +68,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
 
     A model built on the meta device gets real storage for every tensor the graft fills (on
     ``device``), read straight into it: no random initialisation, no second copy.
+
+    A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
+    each rank fills its own shards in place, reading only their bytes where the format
+    allows, and every rank returns the same report (:mod:`torchgraft.graft.dtensor`). Its
+    outputs are not compared (``verify``): that would run the model beside its source in
+    one process.
 
     Args:
         source: A checkpoint path (any format :func:`torchgraft.open` reads), a state dict, an
@@ -77,14 +88,24 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             ``"normal"`` (std 0.02, zero biases) or ``"zeros"``.
         strict: Raise :class:`GraftError` if any key is missing, unused or re-initialised
             (bookkeeping buffers such as ``num_batches_tracked`` aside), or outputs diverge.
-        example_inputs: The model's positional inputs (a tuple, or a lone tensor): orders its
-            tensors by use for structural matching, and feeds ``verify``.
-        source_inputs: A module source's inputs, where they differ from ``example_inputs``.
-        verify: ``"auto"``: when the source is a module, inputs are given and the graft is a
-            plain copy (no rows, channels or casts adapted), run both models and compare; a
-            difference beyond 1e-4 of the output's scale makes the report not ok and names
-            the first module where activations diverge. ``True`` always compares (and needs a
-            module source and inputs); ``False`` never does.
+        example_inputs: The model's inputs (a tuple, a lone tensor, or a mapping of keyword
+            arguments): orders its tensors by use for structural matching, and feeds
+            ``verify``. An :class:`~torchgraft.graft.inputs.Inputs` (by role: token ids,
+            pixel values...; as the CLI's ``--inputs`` reads) only feeds ``verify``, bound to
+            each model's ``forward`` by argument name.
+        source_inputs: The source's inputs, where they differ from ``example_inputs``.
+        verify: Compare outputs with the source's: with the source module (given inputs),
+            with ``source_model=``, or with the model a checkpoint folder's ``config.json``
+            describes (a transformers class, built with transformers; inputs generated from the
+            config when none are given), filled from the same checkpoint. Where outputs
+            diverge, the guesses of the first diverging module are tried (same-shape siblings
+            swapped) and the one that makes it agree is kept. Outputs that agree make every
+            key ``verified``; a difference beyond 1e-4 of the output's scale makes the verdict
+            diverged, naming the first module where activations diverge. ``"auto"`` compares
+            when there is something to compare with, the graft is a plain copy (no rows or
+            channels adapted) and the weights are at most 2 GiB; ``True`` always compares (an
+            error when there is nothing to compare with, or the model is sharded); ``False``
+            never does.
         label_map: For row adaptations: ``{target_row: source_row}`` or a sequence of source
             rows (``None`` for a new row).
         device: Where tensors of a meta-device model get their storage; by default where the
@@ -97,6 +118,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         progress: Called with (tensors done, total) as tensors are filled.
         follow_links: For checkpoint paths: follow links out of the checkpoint's folder (links
             inside a recognised model store, such as the Hub cache, are followed anyway).
+        source_model: A module of the source's code base, or a callable that builds one (on
+            the meta device is fine): filled from ``source`` and compared with (``verify``).
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -113,9 +136,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if verify not in (True, False, "auto"):
         raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
     source, model, swapped = _in_order(source, model)
+    roles = example_inputs if isinstance(example_inputs, Inputs) else None
+    if roles is not None:  # bound to each model's forward when outputs are compared
+        example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
-    if verify is True and (not isinstance(source, nn.Module) or example_inputs is None):
-        raise TorchgraftError("verify=True needs a source nn.Module and example_inputs")
     target = unwrap(model)
     state = state_tensors(target)  # one walk of a large model's state dict, shared below
     if quantized_modules(target, state):
@@ -129,6 +153,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         warnings.append("the model is on the meta device, so it has no values of its own to "
                         "keep: new rows and re-initialised heads use init='normal'")
     sharded = sharded_targets(target, state)
+    if sharded and verify is True:
+        raise TorchgraftError("verify=True runs the model beside its source in one process; "
+                              "a sharded model (DTensor parameters) is not compared that way: "
+                              "compare its outputs after the graft, or pass verify='auto'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
                               tensors=state)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
@@ -183,10 +211,18 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")
-    if verify is True or (verify == "auto" and opened.module is not None
-                          and example_inputs is not None and _plain_copy(report)):
-        assert opened.module is not None
-        _verify(report, plan, opened.module, target, source_inputs, example_inputs)
+    if not sharded and (verify is True or (verify == "auto" and _plain_copy(report))):
+        want = Want(verify, example_inputs, source_inputs, roles, source_model,
+                    sum(math.prod(info.shape) * info.dtype.itemsize
+                        for info in source_side.tensors.values()))
+
+        def fill(module: nn.Module) -> GraftReport:
+            return graft(source, module, verify=False, unsafe=unsafe, weights_key=weights_key,
+                         component=component, follow_links=follow_links)
+
+        reference = reference_for(source, opened.module, target, want, fill, report.warnings)
+        if reference is not None:
+            verify_graft(report, plan, target, reference)
     logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
         raise GraftError(report)
@@ -261,15 +297,3 @@ def _plain_copy(report: GraftReport) -> bool:
                       report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 
-
-def _verify(report: GraftReport, plan: Plan, source: nn.Module, target: nn.Module,
-            source_inputs: Any, target_inputs: Any) -> None:
-    module_map = {s.target.rpartition(".")[0]: s.source.rpartition(".")[0] for s in plan.steps
-                  if not any(isinstance(op, RotaryPermute) for op in s.ops)}  # rows reordered
-    result = compare(source, target, source_inputs, target_inputs, module_map=module_map)
-    report.max_abs_diff = result.max_abs_diff
-    if result.divergence is not None:
-        report.divergence = (f"{result.divergence}; outputs differ by {result.max_abs_diff:.3g} "
-                             f"(tolerance {result.tolerance:.3g})")
-    else:
-        report.mark_verified()

@@ -46,6 +46,8 @@ class Layout:
         renames: Rules from the source's names to the target's.
         exports: Rules from PyTorch's names to this layout's (``None`` drops what it lacks).
         transposed: Whether a source tensor is stored transposed relative to a target tensor.
+        permuted: The axis order (``torch.permute`` dims) a source tensor needs to fill a target
+            tensor, for layouts that store more than 2-D weights another way; ``None`` if none.
         why: Shown in reports for transposed tensors.
         rotary: Rotary rows this layout stores in another order.
     """
@@ -55,6 +57,7 @@ class Layout:
     renames: tuple[Rule, ...] = ()
     exports: tuple[Rule, ...] = ()
     transposed: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
+    permuted: Callable[[TensorInfo, TensorInfo], tuple[int, ...] | None] = lambda src, dst: None
     why: str = ""
     rotary: RotaryRows | None = None
 
@@ -131,8 +134,10 @@ _FAMILIES = {
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
 }
-#: Families whose attention uses rotary (RoPE) rows.
+#: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
+#: other code bases with the same attention names.
 _ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
+_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
 #: this one table.
@@ -279,9 +284,13 @@ def layouts_for(source: Side, target: Side) -> list[Layout]:
         target: The target side.
 
     Returns:
-        The layouts that apply, in :data:`LAYOUTS` order.
+        The layouts that apply, in :data:`LAYOUTS` order, then other frameworks' layouts
+        that only the target reveals (:mod:`.framework_layouts`, built on :class:`Layout`).
     """
-    return [layout for layout in LAYOUTS if layout.applies(source, target)]
+    from .framework_layouts import FRAMEWORK_LAYOUTS
+
+    return [layout for layout in (*LAYOUTS, *FRAMEWORK_LAYOUTS)
+            if layout.applies(source, target)]
 
 
 def rotary_warning(source: Side, target: Side) -> str | None:
@@ -298,6 +307,9 @@ def rotary_warning(source: Side, target: Side) -> str | None:
     if (families[0] is None) == (families[1] is None) or not (
             set(families) & _ROTARY_FAMILIES):
         return None
+    known_side = source if families[0] is not None else target
+    if not any(_GATED.search(name) for name in known_side.tensors):
+        return None  # q_proj names without a gated MLP: not a Llama (Whisper, BART...)
     known = families[0] or families[1]
     return (f"one side is {known}, the other is not a naming family torchgraft knows: attention "
             "q/k rows matched there keep the source's rotary (RoPE) order, which may differ; "

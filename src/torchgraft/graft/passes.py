@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..wrappers import strip_wrappers
 from .conventions import role_of
@@ -181,8 +181,14 @@ def structure(state: Planning) -> None:
                       is_bookkeeping, source_ordered=src.ordered)
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
-    state.plan.guesses.update({t: g for t, g in alignment.guesses.items()
-                               if state.how.get(t) == MatchStep.STRUCTURE})
+    owner = {name: src.ties.get(back[name], back[name]) for name in back}
+    for target, guess in alignment.guesses.items():
+        if state.how.get(target) != MatchStep.STRUCTURE:
+            continue
+        chosen = src.ties.get(pairs[target], pairs[target])
+        others = tuple(a for a in guess.alternatives if owner.get(a, a) != chosen)
+        if others:  # one tensor under two names (tied) is no alternative
+            state.plan.guesses[target] = replace(guess, alternatives=others)
 
 
 #: Roles whose rows a rotary (RoPE) layout may store in another order.

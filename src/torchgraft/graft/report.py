@@ -46,6 +46,10 @@ class GraftReport:
             ``guess``, or ``verified`` once outputs were compared equal.
         guesses: Loaded key filled by a guess to its alternatives and how to settle it; any
             guess left unverified makes the verdict ``unverified``.
+        verified_with: When outputs were compared: what with (the source module, a
+            ``source_model=``, the model a folder's config.json describes).
+        settled: Guesses that comparing outputs settled: the hypothesis kept for each diverging
+            unit (two same-shape modules swapped, rotary rows permuted).
         surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
             the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
         shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
@@ -69,6 +73,8 @@ class GraftReport:
     not_in_adapter: list[str] = field(default_factory=list)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
+    verified_with: str | None = None
+    settled: list[str] = field(default_factory=list)
     surplus: dict[str, str] = field(default_factory=dict)
     shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
@@ -187,7 +193,8 @@ class GraftReport:
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter}
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
+                "verified_with": self.verified_with, "settled": self.settled}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -256,7 +263,9 @@ class GraftReport:
         head = self.headline()
         if self.max_abs_diff is not None:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
-        tail = [f"  warning   {w}" for w in self.warnings]
+            head += f" (compared with {self.verified_with})" if self.verified_with else ""
+        tail = [f"  settled   {s}" for s in self.settled] + [
+            f"  warning   {w}" for w in self.warnings]
         if self.settle():
             tail.insert(0, f"  settle    {self.settle()}")
         if self.divergence:

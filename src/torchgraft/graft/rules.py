@@ -31,8 +31,15 @@ class Rule:
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "regex", re.compile(self.pattern))
-        except re.error as exc:
-            raise TorchgraftError(f"rule pattern {self.pattern!r} is not a regex: {exc}") from None
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise TorchgraftError(f"rule pattern {self.pattern!r:.80} is not a regex: {exc}"
+                                  ) from None
+        if self.replacement is not None:
+            try:  # a group reference the pattern lacks (\9) fails here, not mid-graft
+                self.regex.sub(self.replacement, "")  # the template is compiled before matching
+            except (re.error, IndexError) as exc:
+                raise TorchgraftError(f"rule replacement {self.replacement!r:.80} does not fit "
+                                      f"pattern {self.pattern!r:.80}: {exc}") from None
 
     def __str__(self) -> str:
         return f"({self.pattern!r} -> {self.replacement!r})"
@@ -62,7 +69,11 @@ def _pairs(data: Any, origin: str) -> Iterable[Rule]:
 def _read_file(path: Path) -> Any:
     if not path.is_file():
         raise TorchgraftError("rules file not found", path=path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TorchgraftError(f"the rules file is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start}): save it as UTF-8", path=path) from None
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
@@ -76,6 +87,9 @@ def _read_file(path: Path) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise TorchgraftError(f"the rules file is not valid JSON: {exc}", path=path) from None
+    except RecursionError:
+        raise TorchgraftError("the rules file nests too deeply to be a list of rules",
+                              path=path) from None
 
 
 def parse_rules(spec: RulesSpec) -> list[Rule]:

@@ -199,13 +199,21 @@ def module_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[s
     return _described(model, tensors)[0]
 
 
+def _class_name(module: nn.Module) -> str:
+    """The module's class name, seeing through FSDP2's subclass (``FSDPLinear``: ``Linear``)."""
+    for cls in type(module).__mro__:
+        if not cls.__module__.startswith("torch.distributed.fsdp"):
+            return cls.__name__
+    return type(module).__name__
+
+
 def _described(model: nn.Module, tensors: dict[str, torch.Tensor]
                ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
     """Infos with module kinds, and attention head sizes, from one walk of the modules."""
     kinds: dict[str, str] = {}
     head_dims: dict[str, int] = {}
     for path, module in model.named_modules():
-        kind = MODULE_KINDS.get(type(module).__name__)
+        kind = MODULE_KINDS.get(_class_name(module))
         if kind is not None:
             for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind

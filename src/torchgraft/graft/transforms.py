@@ -23,12 +23,13 @@ from .adapt import (
     InputChannels,
     LabelMap,
     Op,
+    Permute,
     RotaryPermute,
     Rows,
     Transpose,
     label_pairs,
 )
-from .conventions import role_of
+from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, MatchStep
 from .layouts import Layout
 from .planning import REINITIALISED, Plan, PlanStep
@@ -37,10 +38,14 @@ from .sides import Side, TensorInfo
 __all__ = ["Options", "decide", "fits_for"]
 
 
-def _transpose(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> Transpose | None:
+def _transpose(src: TensorInfo, dst: TensorInfo,
+               layouts: Sequence[Layout]) -> Transpose | Permute | None:
     for layout in layouts:
         if layout.transposed(src, dst):
             return Transpose(layout.why)
+        dims = layout.permuted(src, dst)
+        if dims is not None:
+            return Permute(layout.why, dims)
     return None
 
 
@@ -57,10 +62,10 @@ def _kinds_differ(src: TensorInfo, dst: TensorInfo) -> bool:
 def fits_for(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bool]:
     """Whether a source tensor can fill a target tensor: shape (or transposed), module kind."""
     def fits(src: TensorInfo, dst: TensorInfo) -> bool:
-        transposed = _transpose(src, dst, layouts) is not None
-        if _kinds_differ(src, dst) and not transposed:
+        transpose = _transpose(src, dst, layouts)
+        if _kinds_differ(src, dst) and transpose is None:
             return False
-        return (src.shape[::-1] if transposed else src.shape) == dst.shape
+        return (transpose.shape(src.shape) if transpose else src.shape) == dst.shape
     return fits
 
 
@@ -112,10 +117,15 @@ class Options:
         vocab = frozenset(info.shape[0] for info in dst.tensors.values()
                           if info.kind == "embedding" and len(info.shape) == 2)
         modules = [dst.tensors[k].module for k in dst.order if dst.tensors[k].kind != "norm"]
-        heads = {m for m in dict.fromkeys(modules) if role_of(m) == "head"}
+        heads = {m for m in dict.fromkeys(modules)  # one regex first: 100k modules
+                 if _HEAD.regex.search(m) and role_of(m) == "head"}
         heads |= {modules[-1]} if modules else set()
         return cls(layouts, dst, vocab=vocab, heads=frozenset(heads),
                    first=modules[0] if modules else "", **kwargs)
+
+
+#: The convention naming heads: only a module it names can have the role.
+_HEAD = next(c for c in CONVENTIONS if c.role == "head")
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
@@ -205,7 +215,8 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         plan.unused[source] = f"its rotary rows could not be reordered for '{target}'"
         return
     ops += [rotary] if rotary is not None else []
-    shape = src.shape[::-1] if any(isinstance(op, Transpose) for op in ops) else src.shape
+    shape = next((op.shape(src.shape) for op in ops if isinstance(op, (Transpose, Permute))),
+                 src.shape)
     if shape != dst.shape:
         op = _adapt(src, dst, shape, options) if options.adapt else None
         if isinstance(op, str):

@@ -1,4 +1,10 @@
-"""Verification: run source and target on the same inputs and compare their outputs."""
+"""Verification: run source and target on the same inputs and compare their outputs.
+
+Inputs are positional (a tuple, or a lone tensor) or a :data:`Call` of positional and keyword
+arguments (:func:`~torchgraft.graft.inputs.bind`). Forward hooks record every module's first
+output, so a divergence is placed at the first module (in call order) whose activation differs
+from the source module that filled it.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,28 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
-from .sides import run_model
 
-__all__ = ["Verification", "compare", "first_tensor"]
+__all__ = ["Call", "Run", "Verification", "as_call", "compare", "differ", "first_tensor",
+           "run_recorded"]
+
+#: Positional and keyword arguments of a forward call.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def as_call(inputs: Any) -> Call:
+    """Inputs as a call.
+
+    A :data:`Call` as it is, a tuple as positional arguments, a mapping as keyword arguments,
+    anything else as the one positional argument.
+    """
+    if (isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[0], tuple)
+            and isinstance(inputs[1], dict)):
+        return inputs
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    return (inputs,), {}
 
 
 def first_tensor(output: Any) -> torch.Tensor:
@@ -49,11 +74,13 @@ class Verification:
         max_abs_diff: The largest absolute difference of the first output tensors.
         tolerance: The largest difference accepted: ``rtol`` times the source output's scale.
         divergence: ``None`` when within tolerance, else which module diverged first.
+        unit: The first diverging module and the source module that filled it, where found.
     """
 
     max_abs_diff: float
     tolerance: float
     divergence: str | None
+    unit: tuple[str, str] | None = None
 
 
 def _recorder(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[Any]]:
@@ -70,19 +97,47 @@ def _recorder(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[Any]]:
     return seen, [m.register_forward_hook(hook) for m in model.modules()]
 
 
-def _run(model: nn.Module, inputs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+@dataclass(frozen=True)
+class Run:
+    """One forward pass: the output compared, and every module's first output by path."""
+
+    output: torch.Tensor
+    seen: dict[str, torch.Tensor]
+
+
+def run_recorded(model: nn.Module, inputs: Any) -> Run:
+    """Run ``model`` in eval mode without gradients, recording each module's output.
+
+    Args:
+        model: The model.
+        inputs: Its inputs (see :func:`as_call`).
+
+    Returns:
+        The output and the activations.
+
+    Raises:
+        TorchgraftError: If the model fails on the inputs.
+    """
+    args, kwargs = as_call(inputs)
     training = model.training
     seen, handles = _recorder(model)
     try:
         model.eval()
-        return first_tensor(run_model(model, inputs)), seen
+        with torch.no_grad():
+            output = model(*args, **kwargs)
+    except TorchgraftError:
+        raise
+    except Exception as exc:
+        raise TorchgraftError(f"{type(model).__name__} failed on the inputs: "
+                              f"{type(exc).__name__}: {exc}") from exc
     finally:
         model.train(training)
         for handle in handles:
             handle.remove()
+    return Run(first_tensor(output), seen)
 
 
-def _differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> float | None:
+def differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> float | None:
     """The relative difference of two activations, if beyond ``rtol``; ``None`` if not."""
     if a.shape != b.shape or not a.numel() or not a.is_floating_point():
         return None
@@ -92,14 +147,15 @@ def _differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> float | None:
     return diff / scale if diff > rtol * scale else None
 
 
-def compare(source: nn.Module, target: nn.Module, source_inputs: Any, target_inputs: Any, *,
-            module_map: Mapping[str, str], rtol: float = 1e-4) -> Verification:
+def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
+            target_inputs: Any, *, module_map: Mapping[str, str],
+            rtol: float = 1e-4) -> Verification:
     """Run both models (in eval mode) and compare outputs; find where they first diverge.
 
     Args:
-        source: The source module.
+        source: The source module, or its run on ``source_inputs`` already recorded.
         target: The grafted model.
-        source_inputs: The source's positional inputs (a tuple, or a lone tensor).
+        source_inputs: The source's inputs (a tuple, a lone tensor, or a :data:`Call`).
         target_inputs: The model's.
         module_map: Target module path to the source module path that filled it.
         rtol: Tolerance relative to the source output's largest magnitude.
@@ -110,23 +166,25 @@ def compare(source: nn.Module, target: nn.Module, source_inputs: Any, target_inp
     Raises:
         TorchgraftError: If the outputs' shapes differ.
     """
-    a, seen_a = _run(source, source_inputs)
-    b, seen_b = _run(target, target_inputs)
+    first = source if isinstance(source, Run) else run_recorded(source, source_inputs)
+    second = run_recorded(target, target_inputs)
+    a, seen_a, b, seen_b = first.output, first.seen, second.output, second.seen
     if a.shape != b.shape:
         raise TorchgraftError(f"cannot compare outputs of shapes {tuple(a.shape)} and "
                               f"{tuple(b.shape)}")
     diff = float((a.double() - b.double().to(a.device)).abs().max()) if a.numel() else 0.0
     tolerance = rtol * float(a.double().abs().max()) if a.numel() else 0.0
-    divergence = None
+    divergence, unit = None, None
     if diff > tolerance:
         divergence = "the outputs differ"
         for path, activation in seen_b.items():
             source_path = module_map.get(path)
             if source_path is None or source_path not in seen_a:
                 continue
-            relative = _differ(seen_a[source_path], activation, rtol)
+            relative = differ(seen_a[source_path], activation, rtol)
             if relative is not None:
                 divergence = (f"activations first diverge at '{path}' (filled from "
                               f"'{source_path}'): relative difference {relative:.3g}")
+                unit = (path, source_path)
                 break
-    return Verification(diff, tolerance, divergence)
+    return Verification(diff, tolerance, divergence, unit)

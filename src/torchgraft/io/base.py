@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,27 @@ from ..errors import UnsupportedCheckpointError
 from ..meta import TensorRef, dtype_name
 from ..quantized import is_quantized
 
-__all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "unwritable"]
+__all__ = ["Contents", "Format", "ReadOptions", "WriteJob", "closed_on_error", "unwritable"]
+
+
+@contextmanager
+def closed_on_error(*closers: Callable[[], None]) -> Iterator[None]:
+    """Call ``closers`` (in reverse) if the body fails, then re-raise.
+
+    A refused file so keeps no descriptor or mapping.
+
+    Args:
+        closers: What releases the resources opened so far (``source.close``...).
+
+    Yields:
+        Nothing.
+    """
+    try:
+        yield
+    except BaseException:
+        for close in reversed(closers):
+            close()
+        raise
 
 
 def unwritable(name: str, dtype: torch.dtype, fmt: str) -> str:
@@ -81,9 +102,15 @@ class Contents:
 
     def close(self) -> None:
         """Release files and mappings held by the format."""
-        for close in self.closers:
+        closers, self.closers = self.closers, []
+        for close in closers:
             close()
-        self.closers.clear()
+
+    def __enter__(self) -> Contents:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass

@@ -33,17 +33,26 @@ class FileCopier:
         self._sources: dict[str, int] = {}
         self.supported = hasattr(os, "copy_file_range")
 
-    def copy(self, path: str, offset: int, nbytes: int, *, what: str) -> bool:
+    def open(self, path: str) -> int:
+        """The descriptor of a source file, opened once (before threads copy from it)."""
+        if path not in self._sources:
+            self._sources[path] = os.open(path, os.O_RDONLY)
+        return self._sources[path]
+
+    def copy(self, path: str, offset: int, nbytes: int, *, what: str,
+             at: int | None = None) -> bool:
         """Append ``nbytes`` from ``path`` at ``offset``; ``False`` if the system cannot.
+
+        With ``at``, the bytes go to that offset of the destination instead, and its file
+        position does not move: several threads may copy at once (sources opened first with
+        :meth:`open`).
 
         Raises:
             CorruptCheckpointError: If the source ends before the range does.
         """
         if not self.supported:
             return False
-        if path not in self._sources:
-            self._sources[path] = os.open(path, os.O_RDONLY)
-        source = self._sources[path]
+        source = self.open(path)
         if os.fstat(source).st_size < offset + nbytes:
             raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
                                          path=path)
@@ -51,7 +60,8 @@ class FileCopier:
         while done < nbytes:
             try:
                 moved = os.copy_file_range(source, self.destination,
-                                           min(nbytes - done, _CHUNK), offset + done)
+                                           min(nbytes - done, _CHUNK), offset + done,
+                                           None if at is None else at + done)
             except OSError as exc:
                 if exc.errno in _UNSUPPORTED and done == 0:
                     self.supported = False
@@ -63,14 +73,19 @@ class FileCopier:
             done += moved
         return True
 
-    def write(self, data: bytes | memoryview) -> None:
-        """Append bytes, all of them (an unbuffered write may take only part)."""
+    def write(self, data: bytes | memoryview, *, at: int | None = None) -> None:
+        """Append bytes, all of them (an unbuffered write may take only part).
+
+        With ``at``, the bytes go to that offset instead, and the file position does not move.
+        """
         view = memoryview(data).cast("B")
         while view:
-            written = os.write(self.destination, view)
+            written = (os.write(self.destination, view) if at is None
+                       else os.pwrite(self.destination, view, at))
             if written <= 0:
                 raise OSError(errno.EIO, "the write made no progress")
             view = view[written:]
+            at = None if at is None else at + written
 
     def __enter__(self) -> FileCopier:
         return self

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from ..bounds import check_fits, check_length, check_shape
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject, safe_load
-from .base import Contents, Format, ReadOptions, WriteJob
+from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .contain import contained
 from .source import FileSource
 from .torch_zip import read_blob
@@ -32,6 +33,14 @@ def _claims(path: Path) -> bool:
     return (path / _METADATA).is_file()
 
 
+def _field(attrs: dict[str, Any], name: str, kind: type, path: Path) -> Any:
+    value = attrs.get(name)
+    if not isinstance(value, kind):
+        raise CorruptCheckpointError(f"a record's '{name}' is {value!r:.60}, not a "
+                                     f"{kind.__name__}", path=path)
+    return value
+
+
 def _attrs(obj: Any, kind: str, path: Path) -> dict[str, Any]:
     if not isinstance(obj, PickledObject) or not obj.global_name.endswith(kind):
         raise CorruptCheckpointError(f"expected a {kind} record, found {obj!r:.80}", path=path)
@@ -41,26 +50,42 @@ def _attrs(obj: Any, kind: str, path: Path) -> dict[str, Any]:
 class _Storage:
     """Where each item's bytes are: (fqn, chunk offset) to (file, offset, length)."""
 
-    def __init__(self, directory: Path, storage_data: Any, metadata_path: Path, *,
-                 follow_links: bool) -> None:
+    def __init__(self, directory: Path, metadata_path: Path, *, follow_links: bool) -> None:
         self.directory = directory
+        self.metadata_path = metadata_path
         self.follow_links = follow_links
         self.sources: dict[str, FileSource] = {}
         self.items: dict[tuple[str, tuple[int, ...] | None], tuple[FileSource, int, int]] = {}
+
+    def close(self) -> None:
+        """Close every data file."""
+        sources, self.sources = self.sources, {}
+        for source in sources.values():
+            source.close()
+
+    def add(self, storage_data: Any) -> None:
+        """Record where every item named by ``storage_data`` is (opening its data files)."""
+        metadata_path = self.metadata_path
         if not isinstance(storage_data, dict):
             raise CorruptCheckpointError("storage_data is not a mapping", path=metadata_path)
         for index, info in storage_data.items():
             where = _attrs(index, "MetadataIndex", metadata_path)
             item = _attrs(info, "_StorageInfo", metadata_path)
+            fqn = _field(where, "fqn", str, metadata_path)
             if item.get("transform_descriptors"):
                 raise UnsupportedCheckpointError(
-                    f"'{where['fqn']}' is stored with transforms {item['transform_descriptors']}",
+                    f"'{fqn}' is stored with transforms {item['transform_descriptors']!r:.80}",
                     path=metadata_path)
             offset = where.get("offset")
-            key = (str(where["fqn"]), tuple(offset) if offset is not None else None)
-            source = self._source(str(item["relative_path"]), metadata_path)
-            source.check_range(int(item["offset"]), int(item["length"]), what=f"'{key[0]}'")
-            self.items[key] = (source, int(item["offset"]), int(item["length"]))
+            key = (fqn, None if offset is None else check_shape(
+                offset, what=f"a chunk offset of '{fqn}'", path=metadata_path))
+            source = self._source(_field(item, "relative_path", str, metadata_path),
+                                  metadata_path)
+            start = check_length(item.get("offset"), available=source.size,
+                                 what=f"the offset of '{fqn}'", path=metadata_path)
+            length = check_length(item.get("length"), available=source.size - start,
+                                  what=f"the length of '{fqn}'", path=metadata_path)
+            self.items[key] = (source, start, length)
 
     def _source(self, relative: str, metadata_path: Path) -> FileSource:
         if relative not in self.sources:
@@ -84,19 +109,30 @@ class _Storage:
 
 def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
             metadata_path: Path) -> TensorRef:
-    properties = entry["properties"]
-    state = properties.state if isinstance(properties, PickledObject) else None
-    dtype = state[0] if isinstance(state, tuple) else properties.attributes().get("dtype")
+    properties = entry.get("properties")
+    if not isinstance(properties, PickledObject):
+        raise CorruptCheckpointError(f"'{fqn}' has no tensor properties", path=metadata_path)
+    state = properties.state
+    dtype = state[0] if isinstance(state, tuple) and state else \
+        properties.attributes().get("dtype")
     if not isinstance(dtype, torch.dtype):
         raise CorruptCheckpointError(f"'{fqn}' has no dtype", path=metadata_path)
-    size = tuple(int(d) for d in entry["size"])
+    size = check_shape(entry.get("size"), what=f"'{fqn}'", path=metadata_path)
     chunks = []
-    for chunk in entry["chunks"]:
+    listed = entry.get("chunks")
+    if not isinstance(listed, list):
+        raise CorruptCheckpointError(f"'{fqn}' has no list of chunks", path=metadata_path)
+    for chunk in listed:
         c = _attrs(chunk, "ChunkStorageMetadata", metadata_path)
-        chunks.append((tuple(int(o) for o in c["offsets"]), tuple(int(s) for s in c["sizes"])))
-        if (fqn, chunks[-1][0]) not in storage.items:
-            raise CorruptCheckpointError(f"chunk {chunks[-1][0]} of '{fqn}' has no stored data",
+        offsets = check_shape(c.get("offsets"), what=f"a chunk of '{fqn}'", path=metadata_path)
+        sizes = check_shape(c.get("sizes"), what=f"a chunk of '{fqn}'", path=metadata_path)
+        chunks.append((offsets, sizes))
+        stored = storage.items.get((fqn, offsets))
+        if stored is None:
+            raise CorruptCheckpointError(f"chunk {offsets} of '{fqn}' has no stored data",
                                          path=metadata_path)
+        check_fits(sizes, dtype.itemsize, available=stored[2], what=f"chunk {offsets} of '{fqn}'",
+                   path=metadata_path)
     _check_cover(fqn, size, chunks, metadata_path)
 
     def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
@@ -171,10 +207,17 @@ def _nest(flat: dict[str, Any], planner_data: Any) -> dict[str, Any]:
 def _open(path: Path, options: ReadOptions) -> Contents:
     metadata_path = contained(path, _METADATA, named_by=path, what="metadata file",
                               follow_links=options.follow_links)
-    with metadata_path.open("rb") as f:
+    with FileSource(metadata_path) as source, source.stream() as f:
         metadata = _attrs(safe_load(f, path=str(metadata_path)), "Metadata", metadata_path)
-    storage = _Storage(path, metadata.get("storage_data"), metadata_path,
-                       follow_links=options.follow_links)
+    storage = _Storage(path, metadata_path, follow_links=options.follow_links)
+    with closed_on_error(storage.close):
+        storage.add(metadata.get("storage_data"))
+        root = _root(metadata, storage, options, metadata_path)
+    return Contents("dcp", path, root, [storage.close])
+
+
+def _root(metadata: dict[str, Any], storage: _Storage, options: ReadOptions,
+          metadata_path: Path) -> dict[str, Any]:
     entries = metadata.get("state_dict_metadata")
     if not isinstance(entries, dict):
         raise CorruptCheckpointError("state_dict_metadata is not a mapping", path=metadata_path)
@@ -186,8 +229,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
         else:
             entry = _attrs(item, "TensorStorageMetadata", metadata_path)
             flat[fqn] = _tensor(fqn, entry, storage, options.unsafe, metadata_path)
-    root = _nest(flat, metadata.get("planner_data"))
-    return Contents("dcp", path, root, [s.close for s in storage.sources.values()])
+    return _nest(flat, metadata.get("planner_data"))
 
 
 def write(job: WriteJob, path: Path) -> None:

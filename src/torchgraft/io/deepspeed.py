@@ -131,8 +131,9 @@ def _flat(parts: Sequence[TensorRef], start: int, count: int) -> torch.Tensor:
 
 def _ref(shape: tuple[int, ...], device: str, read: Callable[[], torch.Tensor],
          key: object) -> TensorRef:
+    # fp32, as promised: a partition saved as another dtype (int64, bool, bf16) is cast
     return TensorRef(TensorMeta.of(shape, torch.float32, device),
-                     lambda: read().view(shape), alias_key=("deepspeed", key))
+                     lambda: read().view(shape).to(torch.float32), alias_key=("deepspeed", key))
 
 
 def _merge_zero12(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[TensorRef]],

@@ -22,6 +22,7 @@ import json
 import re
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, closed_on_error
 from .framework import (
     ATTENTION_PROJECTIONS,
     Leaf,
@@ -123,7 +124,8 @@ def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
                                      "the file can hold even compressed", path=path)
 
     def read_h5() -> torch.Tensor:
-        value = np.asarray(dataset[()])
+        with hdf5_faults(path):
+            value = np.asarray(dataset[()])
         return torch.from_numpy(value.astype(dtype.newbyteorder("="), copy=True))
 
     return TensorRef(meta, read_h5)
@@ -233,12 +235,28 @@ def _read_hdf5(file: Any, source: FileSource | None, base: int, path: str,
     return root
 
 
+@contextmanager
+def hdf5_faults(path: str | Path) -> Iterator[None]:
+    """Turn what h5py raises on a damaged file into a :class:`CorruptCheckpointError`.
+
+    h5py reports a damaged structure as ``RuntimeError``, ``KeyError`` or ``OSError`` with
+    HDF5's own message: the file's fault, not a bug.
+    """
+    try:
+        yield
+    except (RuntimeError, KeyError, OSError) as exc:
+        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({exc})",
+                                     path=path) from exc
+
+
 def _open_h5(path: Path, options: ReadOptions) -> Contents:
     h5py = _h5py()
     source = FileSource(path)
-    file = h5py.File(path, "r")
-    return Contents("keras", path, _read_hdf5(file, source, 0, str(path), []),
-                    [file.close, source.close])
+    with hdf5_faults(path):  # read through the descriptor held, never the path again
+        file = h5py.File(_Window(source, 0, source.size), "r")
+        with closed_on_error(file.close):
+            root = _read_hdf5(file, source, 0, str(path), [])
+    return Contents("keras", path, root, [file.close, source.close])
 
 
 class _Window:
@@ -297,9 +315,11 @@ def _open_keras(path: Path, options: ReadOptions) -> Contents:
                 "open the .weights.h5 file", path=path)
         base = zip_data_offset(source, info)
     source.check_range(base, info.file_size, what="model.weights.h5")
-    file = h5py.File(_Window(source, base, info.file_size), "r")
-    return Contents("keras", path, _read_hdf5(file, source, base, str(path), order),
-                    [file.close, source.close])
+    with hdf5_faults(path):
+        file = h5py.File(_Window(source, base, info.file_size), "r")
+        with closed_on_error(file.close):
+            root = _read_hdf5(file, source, base, str(path), order)
+    return Contents("keras", path, root, [file.close, source.close])
 
 
 def _keras_magic(head: bytes) -> bool:

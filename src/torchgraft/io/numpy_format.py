@@ -10,14 +10,16 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
+from tokenize import TokenError
 from typing import IO, Any, Literal, cast
 
 import numpy as np
 import torch
 
+from ..bounds import check_shape
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
-from .base import Contents, Format, ReadOptions, WriteJob
+from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .source import ByteSource, FileSource, MemorySource, strided
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
 
@@ -34,14 +36,14 @@ def _header(stream: IO[bytes], name: str,
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    except ValueError as exc:
+    except (ValueError, SyntaxError, TokenError) as exc:  # the header is a Python literal
         raise CorruptCheckpointError(f"array '{name}' has a malformed header: {exc}",
                                      path=source) from None
     if dtype.hasobject:
         raise UnsupportedCheckpointError(
             f"array '{name}' holds Python objects, which can only be read by unpickling; "
             "torchgraft reads numeric arrays only", path=source)
-    return tuple(int(d) for d in shape), bool(fortran), dtype
+    return check_shape(shape, what=f"array '{name}'", path=source), bool(fortran), dtype
 
 
 def _array_ref(source: ByteSource, offset: int, shape: tuple[int, ...], fortran: bool,
@@ -95,18 +97,25 @@ def _element_strides(shape: tuple[int, ...], fortran: bool) -> tuple[int, ...]:
 
 def _open_npy(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
-    with path.open("rb") as f:
-        shape, fortran, dtype = _header(f, path.stem, str(path))
-        offset = f.tell()
-    _check_size(path.stem, source.size - offset, shape, dtype, str(path))
-    root = {path.stem: _array_ref(source, offset, shape, fortran, dtype, path.stem)}
+    with closed_on_error(source.close):
+        with source.stream() as f:
+            shape, fortran, dtype = _header(f, path.stem, str(path))
+            offset = f.tell()
+        _check_size(path.stem, source.size - offset, shape, dtype, str(path))
+        root = {path.stem: _array_ref(source, offset, shape, fortran, dtype, path.stem)}
     return Contents("numpy", path, root, [source.close])
 
 
 def _open_npz(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
+    with closed_on_error(source.close), source.stream() as stream:
+        root = _npz_root(source, stream, path)
+    return Contents("numpy", path, root, [source.close])
+
+
+def _npz_root(source: FileSource, stream: IO[bytes], path: Path) -> dict[str, Any]:
     root: dict[str, Any] = {}
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(stream) as archive:
         for info in archive.infolist():
             name = info.filename.removesuffix(".npy")
             with archive.open(info) as member:
@@ -122,7 +131,7 @@ def _open_npz(path: Path, options: ReadOptions) -> Contents:
                                    path=str(path))
                 root[name] = _array_ref(MemorySource(data, f"{path}:{info.filename}"),
                                         header_size, shape, fortran, dtype, name)
-    return Contents("numpy", path, root, [source.close])
+    return root
 
 
 def write_npz(job: WriteJob, path: Path) -> None:

@@ -19,6 +19,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import safe_load
 from .base import Contents, Format, ReadOptions, WriteJob
+from .source import FileSource
 
 __all__ = ["FORMAT", "write_paddle"]
 
@@ -98,7 +99,7 @@ def write_paddle(job: WriteJob, path: Path) -> None:
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    with path.open("rb") as f:
+    with FileSource(path) as source, source.stream() as f:
         root = safe_load(f, path=str(path), unsafe=options.unsafe)
     paddle = path.name.lower().endswith(_PADDLE_SUFFIXES)
     if isinstance(root, dict):

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, closed_on_error
 from .source import FileSource, check_view, contiguous_strides, strided
 from .torch_zip import MAX_PICKLE_BYTES, first_zip_entry, read_blob, read_member, zip_data_offset
 
@@ -80,9 +80,9 @@ def _ints(values: Any, what: str, path: str) -> tuple[int, ...]:
 class _Archive:
     """The archive's entries, and tensors viewing them."""
 
-    def __init__(self, path: Path, stream: Any) -> None:
+    def __init__(self, path: Path, source: FileSource, stream: Any) -> None:
         self.path = str(path)
-        self.source = FileSource(path)
+        self.source = source
         self.zip = zipfile.ZipFile(stream)
         self.entries = {i.filename: i for i in self.zip.infolist()}
         roots = {n.rpartition("archive_format")[0] for n in self.entries
@@ -191,18 +191,13 @@ def _read(archive: _Archive, options: ReadOptions) -> dict[str, Any]:
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    stream = path.open("rb")
-    try:
-        archive = _Archive(path, stream)
-    except BaseException:
-        stream.close()
-        raise
-    try:
-        root = _read(archive, options)
-    except BaseException:
-        archive.close()
-        stream.close()
-        raise
+    source = FileSource(path)
+    with closed_on_error(source.close):
+        stream = source.stream()
+        with closed_on_error(stream.close):
+            archive = _Archive(path, source, stream)
+            with closed_on_error(archive.close):
+                root = _read(archive, options)
     return Contents("torch-export", path, root, [archive.close, stream.close])
 
 

@@ -18,6 +18,7 @@ from .base import Contents, Format, ReadOptions
 from .contain import contained
 from .nature import nature_of
 from .sharded import MAX_INDEX_BYTES
+from .source import released_on_failure
 
 __all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
 
@@ -192,5 +193,5 @@ def open_contents(path: Path, options: ReadOptions) -> Contents:
             f"component='{options.component}' picks a part of a folder of several models (a "
             f"diffusers pipeline, a sentence-transformers model); this is a {fmt.name} "
             "checkpoint: leave component out", path=path)
-    with reading(target):
+    with reading(target), released_on_failure():
         return fmt.open(target, options)

@@ -4,16 +4,51 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import cast
+from typing import IO, cast
 
 import torch
 
-from ..errors import CorruptCheckpointError
+from ..bounds import check_view
+from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
-           "strided"]
+           "released_on_failure", "strided"]
+
+#: The file sources opened inside the innermost :func:`released_on_failure` block.
+_OPENED: ContextVar[list[FileSource] | None] = ContextVar("torchgraft_opened", default=None)
+
+
+@contextmanager
+def released_on_failure() -> Iterator[None]:
+    """Close every :class:`FileSource` opened in the block if the block fails.
+
+    :func:`~torchgraft.io.registry.open_contents` runs each format's opener in one: a reader
+    that raises on a refused file keeps no descriptor, whether or not it closes its sources
+    itself. Sources opened in a block that succeeds count as opened in the enclosing block
+    (a shard opened by an index that is then refused is closed too).
+
+    Yields:
+        Nothing.
+    """
+    opened: list[FileSource] = []
+    token = _OPENED.set(opened)
+    try:
+        yield
+    except BaseException:
+        for source in opened:
+            source.close()
+        raise
+    finally:
+        _OPENED.reset(token)
+    outer = _OPENED.get()
+    if outer is not None:
+        outer.extend(opened)
 
 
 class ByteSource:
@@ -86,18 +121,61 @@ _CHUNK = 64 * 1024 * 1024
 
 
 class FileSource(ByteSource):
-    """A file on disk, memory-mapped privately on first use (copy-on-write, never written back).
+    """A file on disk, held open by descriptor; memory-mapped privately on first use.
+
+    The file is opened once, here: later reads and the mapping use that descriptor, so a file
+    replaced or removed after opening is never read in its place. Use it in a ``with`` block,
+    or call :meth:`close`.
 
     Args:
         path: The file.
+
+    Raises:
+        UnsupportedCheckpointError: If ``path`` is not a regular file.
     """
 
     def __init__(self, path: Path) -> None:
-        super().__init__(str(path), path.stat().st_size)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise UnsupportedCheckpointError(
+                    "not a regular file (a FIFO, device or socket could block or never end)",
+                    path=path)
+        except BaseException:
+            os.close(fd)
+            raise
+        super().__init__(str(path), status.st_size)
         self.path = path
         self._storage: torch.UntypedStorage | None = None
-        self._fd: int | None = None
+        self._fd: int | None = fd
         self._lock = threading.Lock()
+        opening = _OPENED.get()
+        if opening is not None:
+            opening.append(self)
+
+    @property
+    def fd(self) -> int:
+        """The open descriptor (raises once closed)."""
+        if self._fd is None:
+            raise TorchgraftError("the checkpoint was closed: read its tensors while it is "
+                                  "open (inside its with block)", path=self.name)
+        return self._fd
+
+    def stream(self) -> IO[bytes]:
+        """A buffered stream over the held descriptor, from its start.
+
+        Closing the stream keeps the descriptor open.
+        """
+        stream = open(self.fd, "rb", closefd=False)  # noqa: SIM115
+        stream.seek(0)
+        return stream
+
+    def __enter__(self) -> FileSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
         """Read bytes with a positioned read, checking the range first."""
@@ -138,16 +216,20 @@ class FileSource(ByteSource):
             done += count
 
     def _descriptor(self) -> int:
-        with self._lock:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            return self._fd
+        return self.fd
+
+    def _mappable(self) -> str:
+        """A name that opens the held file itself, not whatever is at its path now."""
+        by_descriptor = f"/proc/self/fd/{self.fd}"
+        return by_descriptor if os.path.exists(by_descriptor) else str(self.path)
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         storage = self._storage
         if storage is None:
+            if os.fstat(self.fd).st_size < self.size:
+                raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
-                str(self.path), shared=False, nbytes=self.size))
+                self._mappable(), shared=False, nbytes=self.size))
         raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
         raw.set_(storage, offset, (nbytes,), (1,))
         return raw
@@ -155,9 +237,10 @@ class FileSource(ByteSource):
     def close(self) -> None:
         """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
         self._storage = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class MemorySource(ByteSource):
@@ -213,31 +296,3 @@ def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
     if math.prod(shape) == 0:
         return flat.new_empty(shape)
     return flat.as_strided(shape, stride, flat.storage_offset() + offset)
-
-
-def check_view(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, numel: int, *,
-               what: str, source: str) -> None:
-    """Check, before anything is read or allocated, that a view stays inside its storage.
-
-    Args:
-        shape: The tensor's shape.
-        stride: Its strides, in elements.
-        offset: Its offset in the storage, in elements.
-        numel: The storage's size, in elements of the view's dtype.
-        what: The tensor's name, for the error message.
-        source: The file, for the error message.
-
-    Raises:
-        CorruptCheckpointError: If the shape or strides are malformed, or the view reaches
-            outside the storage.
-    """
-    if len(shape) != len(stride) or offset < 0 or any(s < 0 for s in (*shape, *stride)):
-        raise CorruptCheckpointError(f"tensor '{what}' has a malformed shape or stride",
-                                     path=source)
-    if math.prod(shape) == 0:
-        return
-    last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
-    if last >= numel:
-        raise CorruptCheckpointError(
-            f"tensor '{what}' of shape {shape} reaches element {last} of a storage with "
-            f"{numel}", path=source)

@@ -15,7 +15,7 @@ from typing import IO, Any
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..safe_pickle import safe_load
-from .base import Contents, Format, ReadOptions
+from .base import Contents, Format, ReadOptions, closed_on_error
 from .source import FileSource
 from .torch_storage import Storage, StorageTensors, text
 
@@ -99,7 +99,7 @@ def _read_header(stream: IO[bytes], path: str) -> None:
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
     factory = _LegacyTensors(source)
-    with path.open("rb") as stream:
+    with closed_on_error(source.close), source.stream() as stream:
         _read_header(stream, str(path))
         root = safe_load(stream, path=str(path), unsafe=options.unsafe, factory=factory)
         keys = safe_load(stream, path=str(path))

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnknownFormatError, UnsupportedCheckpointError
 from ..safe_pickle import safe_load
-from .base import Contents, Format, ReadOptions, WriteJob
+from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .source import ByteSource, FileSource, MemorySource
 from .torch_storage import Storage, StorageTensors
 
@@ -224,12 +224,10 @@ def write(job: WriteJob, path: Path) -> None:
 
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
-    stream = path.open("rb")
-    try:
-        root, archive = read_archive(source, stream, unsafe=options.unsafe)
-    except BaseException:
-        stream.close()
-        raise
+    with closed_on_error(source.close):
+        stream = source.stream()
+        with closed_on_error(stream.close):
+            root, archive = read_archive(source, stream, unsafe=options.unsafe)
     return Contents("torch-zip", path, root, [archive.close, stream.close, source.close])
 
 

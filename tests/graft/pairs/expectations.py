@@ -19,11 +19,11 @@ GAPS = {
         "by role; sorted: wte and head (same shape) ambiguous",
     "transformers Llama -> torchtune Llama":
         "engine: torchtune's names (attn.q_proj, output_proj, sa_norm/mlp_norm .scale, "
-        "mlp.w1/w2/w3) are no known family: q/k rows keep transformers' rotary order where "
-        "torchtune's is interleaved (a false ok from .pt); sorted files ambiguous",
+        "mlp.w1/w2/w3) are no known family, so the rotary order of q/k is a guess "
+        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
     "torchtune Llama -> transformers Llama":
-        "engine: torchtune's names are no known family: q/k rows keep torchtune's interleaved "
-        "rotary order (a false ok from .pt); sorted files ambiguous",
+        "engine: torchtune's names are no known family, so the rotary order of q/k is a guess "
+        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
     "transformers Llama -> gpt-fast Llama":
         "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not fused from q/k/v, "
         "with Meta's rotary order; sorted: embed and output ambiguous",
@@ -44,15 +44,23 @@ GAPS = {
         "engine: q/k/v not fused into nn.MultiheadAttention's in_proj_weight/bias; bare "
         "parameters and [in, out] projections not matched",
     "openai-whisper -> transformers Whisper":
-        "engine: query/key/value/out and attn/cross_attn not aligned by role with "
-        "q_proj/k_proj/v_proj/out_proj and self_attn/encoder_attn (same shapes)",
+        "engine: from the sorted file, encoder and decoder blocks (same shapes) are ordered by "
+        "letters only, so they stay ambiguous",
     "transformers Whisper -> openai-whisper":
-        "engine: q_proj/k_proj/v_proj/out_proj and self_attn/encoder_attn not aligned by role "
-        "with query/key/value/out and attn/cross_attn (same shapes)",
+        "engine: from sorted files, encoder and decoder blocks (same shapes) are ordered by "
+        "letters only, so they stay ambiguous",
 }
 
-#: Why a broken twin is reported ok today.
+#: Why a broken twin is reported ok today: by twin, or by ``twin/flavour``.
 TWIN_GAPS = {
+    "deeper/pretrained": "verification from the folder cannot fill transformers' own model from "
+                         "its file: the file keeps transformers 4 names "
+                         "(attention.attention.query), the v5 module has attention.q_proj "
+                         "(engine: roles)",
+    "heads/pretrained": "verification from the folder cannot fill transformers' own model from "
+                        "its file: the file keeps transformers 4 names "
+                        "(attention.attention.query), the v5 module has attention.q_proj "
+                        "(engine: roles)",
     "heads": "a bare state dict does not say its head count: not ok where a layout depends on "
              "it (engine: rotary, per-head qkv); for plain copies only verification (a config, "
              "source_model=) can tell",
@@ -66,25 +74,25 @@ _FAILING: dict[str, tuple[str, ...]] = {
     "GPT-NeoX-style GPT -> transformers GPT-NeoX":
         ("module", "pt", "safetensors", "heads/pt", "norms/pt"),
     "transformers Llama -> torchtune Llama":
-        ("module", "pt", "safetensors", "pretrained"),
+        ("pt", "safetensors"),
     "torchtune Llama -> transformers Llama":
-        ("module", "pt", "safetensors"),
+        ("pt", "safetensors"),
     "transformers Llama -> gpt-fast Llama":
         ("module", "pt", "safetensors", "pretrained"),
     "gpt-fast Llama -> transformers Llama":
         ("module", "pt", "safetensors"),
     "timm ResNet -> transformers ResNet":
-        ("safetensors", "norms/pt"),
+        ("norms/pt",),
     "timm ViT -> transformers ViT":
-        ("pt", "safetensors", "pretrained"),
+        ("heads/pt", "heads/pretrained", "norms/pt"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         ("module", "pt", "safetensors"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
         ("module", "pt", "safetensors", "pretrained"),
     "openai-whisper -> transformers Whisper":
-        ("module", "pt", "safetensors"),
+        ("safetensors", "heads/pt", "norms/pt"),
     "transformers Whisper -> openai-whisper":
-        ("module", "pt", "safetensors", "pretrained"),
+        ("safetensors", "pretrained", "heads/pt", "norms/pt"),
     "transformers Llama -> Meta Llama":
         ("heads/pt", "norms/pt"),
     "Meta Llama -> transformers Llama":
@@ -99,8 +107,14 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("heads/pt", "norms/pt"),
 }
 
-NOT_YET = {(pair, case): TWIN_GAPS[case.partition("/")[0]] if "/" in case else GAPS[pair]
-           for pair, failing in _FAILING.items() for case in failing}
+def _reason(pair: str, case: str) -> str:
+    if "/" not in case:
+        return GAPS[pair]
+    return TWIN_GAPS[case] if case in TWIN_GAPS else TWIN_GAPS[case.partition("/")[0]]
+
+
+NOT_YET = {(pair, case): _reason(pair, case) for pair, failing in _FAILING.items()
+           for case in failing}
 
 #: Cases where UNVERIFIED is the right verdict, with why no evidence can decide.
 UNDECIDABLE: dict[tuple[str, str], str] = {}

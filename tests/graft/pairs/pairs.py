@@ -200,15 +200,24 @@ def _swap(model: nn.Module, first: str, second: str) -> None:
             y.copy_(held)
 
 
-TWIN_FLAVOURS = ("pt",)
+#: The flavours each twin is tried from: a bare state dict (nothing but names and shapes),
+#: and a saved folder, whose config describes the source's model (verification from files).
+TWIN_FLAVOURS = {"deeper": ("pt", "pretrained"), "heads": ("pt", "pretrained"),
+                 "norms": ("pt",)}
+
+
+def twin_cases() -> list[tuple[Pair, str, str]]:
+    """Every broken twin of the suite: (pair, flavour, twin)."""
+    return [(pair, flavour, twin) for pair in PAIRS for twin in TWINS
+            if twin != "heads" or pair.heads
+            for flavour in TWIN_FLAVOURS[twin] if flavour in flavours(pair)]
 
 
 def cases() -> list[tuple[Pair, str, str | None]]:
     """Every case of the suite: (pair, flavour, twin or ``None``)."""
-    plain = [(pair, flavour, None) for pair in PAIRS for flavour in flavours(pair)]
-    twins = [(pair, flavour, twin) for pair in PAIRS for twin in TWINS
-             if twin != "heads" or pair.heads for flavour in TWIN_FLAVOURS]
-    return plain + twins
+    plain: list[tuple[Pair, str, str | None]] = [
+        (pair, flavour, None) for pair in PAIRS for flavour in flavours(pair)]
+    return plain + list(twin_cases())
 
 
 def case_key(pair: Pair, flavour: str, twin: str | None) -> tuple[str, str]:

@@ -25,13 +25,12 @@ from tests.graft.pairs.expectations import NOT_YET, UNDECIDABLE  # noqa: E402
 from tests.graft.pairs.pairs import (  # noqa: E402
     PAIR_IDS,
     PAIRS,
-    TWIN_FLAVOURS,
-    TWINS,
     Pair,
     flavours,
     graft_case,
     outputs_equal,
     run,
+    twin_cases,
 )
 
 
@@ -45,8 +44,7 @@ CASES = [pytest.param(pair, flavour, id=f"{pair.name} [{flavour}]",
          for pair in PAIRS for flavour in flavours(pair)]
 TWIN_CASES = [pytest.param(pair, twin, flavour, id=f"{pair.name} [{twin} twin, {flavour}]",
                            marks=_marked(pair, f"{twin}/{flavour}"))
-              for pair in PAIRS for twin in TWINS if twin != "heads" or pair.heads
-              for flavour in TWIN_FLAVOURS if flavour in flavours(pair)]
+              for pair, flavour, twin in twin_cases()]
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)

@@ -1,0 +1,143 @@
+"""Bounds before allocation: what a file claims is checked against what it holds, first.
+
+Every length, count, shape, stride and offset a reader takes from a file goes through these
+checks before anything is allocated or read: a length must fit in the bytes that exist, a
+shape's bytes in the bytes stored for it, a view in its storage. Views are measured by their
+extent, not their element count: a tensor of 2^30 elements with stride 0 over one byte is
+one byte, and stays a view. Plain Python integers are used throughout: no product overflows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import CorruptCheckpointError
+
+__all__ = ["MAX_NDIM", "check_fits", "check_length", "check_shape", "check_view",
+           "view_extent"]
+
+#: More dimensions than this is no tensor (torch allows 64... in practice, far fewer).
+MAX_NDIM = 64
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_length(value: Any, *, available: int, what: str,
+                 path: str | Path | None = None) -> int:
+    """A length or count from a file: an integer from 0 to ``available``.
+
+    Args:
+        value: What the file says.
+        available: The most it can be: the bytes left in the file, a configured cap.
+        what: What it counts, for the message (``"the header length"``).
+        path: The file, for the message.
+
+    Returns:
+        The length.
+
+    Raises:
+        CorruptCheckpointError: If it is not an integer, negative, or more than available.
+    """
+    if not _integer(value) or not 0 <= value <= available:
+        raise CorruptCheckpointError(f"{what} is {value!r:.40}, where at most {available} "
+                                     "can be: the file is truncated or lies", path=path)
+    return int(value)
+
+
+def check_shape(value: Any, *, what: str, path: str | Path | None = None) -> tuple[int, ...]:
+    """A shape from a file: at most :data:`MAX_NDIM` non-negative integers.
+
+    Args:
+        value: What the file says (a list or tuple).
+        what: Whose shape, for the message.
+        path: The file, for the message.
+
+    Returns:
+        The shape as a tuple.
+
+    Raises:
+        CorruptCheckpointError: If it is not such a sequence.
+    """
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_NDIM or not all(
+            _integer(d) and d >= 0 for d in value):
+        raise CorruptCheckpointError(f"{what} has a malformed shape {value!r:.80}", path=path)
+    return tuple(int(d) for d in value)
+
+
+def check_fits(shape: Sequence[int], itemsize: int, *, available: int, what: str,
+               path: str | Path | None = None) -> int:
+    """The bytes a dense tensor of ``shape`` needs, refused if more than ``available``.
+
+    Args:
+        shape: The shape (checked with :func:`check_shape` first).
+        itemsize: Bytes per element.
+        available: The bytes stored for it (or a cap).
+        what: The tensor, for the message.
+        path: The file, for the message.
+
+    Returns:
+        The number of bytes.
+
+    Raises:
+        CorruptCheckpointError: If they are more than available.
+    """
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > available:
+        raise CorruptCheckpointError(
+            f"{what} of shape {tuple(shape)} needs {nbytes} bytes, but only {available} are "
+            "stored for it: the file is truncated or lies", path=path)
+    return nbytes
+
+
+def view_extent(shape: Sequence[int], stride: Sequence[int], offset: int, *, what: str,
+                path: str | Path | None = None) -> int:
+    """How many storage elements a strided view reaches: its last element's index + 1.
+
+    Args:
+        shape: The view's shape.
+        stride: Its strides, in elements (0 repeats an element: no bytes are needed for it).
+        offset: Its first element in the storage.
+        what: The tensor, for the message.
+        path: The file, for the message.
+
+    Returns:
+        The extent (0 for an empty view).
+
+    Raises:
+        CorruptCheckpointError: If the shape, strides or offset are malformed.
+    """
+    if len(shape) != len(stride) or len(shape) > MAX_NDIM or not _integer(offset) or \
+            offset < 0 or not all(_integer(s) and s >= 0 for s in (*shape, *stride)):
+        raise CorruptCheckpointError(f"tensor '{what}' has a malformed shape or stride",
+                                     path=path)
+    if 0 in shape:
+        return 0
+    return offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1
+
+
+def check_view(shape: Sequence[int], stride: Sequence[int], offset: int, numel: int, *,
+               what: str, source: str | Path | None = None) -> None:
+    """Check, before anything is read or allocated, that a view stays inside its storage.
+
+    Args:
+        shape: The tensor's shape.
+        stride: Its strides, in elements.
+        offset: Its offset in the storage, in elements.
+        numel: The storage's size, in elements of the view's dtype.
+        what: The tensor's name, for the error message.
+        source: The file, for the error message.
+
+    Raises:
+        CorruptCheckpointError: If the shape or strides are malformed, or the view reaches
+            outside the storage.
+    """
+    extent = view_extent(shape, stride, offset, what=what, path=source)
+    if extent > numel:
+        raise CorruptCheckpointError(
+            f"tensor '{what}' of shape {tuple(shape)} reaches element {extent - 1} of a "
+            f"storage with {numel}", path=source)

@@ -1,0 +1,184 @@
+"""Hostile files, each with what reading it must end in, measured for CPU time and memory.
+
+Run as a script (``python -m tests.hostile_cases OUT_DIR``), it writes every case under
+OUT_DIR, reads each in this one process (peak memory reset between cases through
+``/proc/self/clear_refs``), and prints one JSON line per case: CPU seconds, peak resident
+memory above the baseline, the file's size, and the error's class and message. The address
+space is capped first, so a case that escapes its bound fails rather than swapping.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import resource
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import torchgraft as tg
+from torchgraft.io.torch_legacy import MAGIC_NUMBER, PROTOCOL_VERSION
+
+__all__ = ["CASES", "measure"]
+
+Case = Callable[[Path], Callable[[], object]]
+
+
+def _legacy_prefix() -> bytes:
+    return b"".join(pickle.dumps(v, protocol=2) for v in (
+        MAGIC_NUMBER, PROTOCOL_VERSION, {"protocol_version": PROTOCOL_VERSION,
+                                         "little_endian": True}))
+
+
+def _pickle_file(folder: Path, name: str, body: bytes, *, legacy: bool = False) -> Path:
+    path = folder / name
+    path.write_bytes((_legacy_prefix() if legacy else b"") + body)
+    return path
+
+
+def _opener(path: Path) -> Callable[[], object]:
+    return lambda: tg.load(path)
+
+
+# Length opcodes claiming more than the file holds.
+_BINUNICODE_4G = b"\x80\x04X" + (0xFFFFFFF0).to_bytes(4, "little") + b"abc"
+_FRAME_2_40 = b"\x80\x04\x95" + (1 << 40).to_bytes(8, "little") + b"N."
+_BINBYTES8_2_62 = b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little") + b"x"
+_BYTEARRAY8_2_40 = b"\x80\x05\x96" + (1 << 40).to_bytes(8, "little") + b"x"
+
+
+class _Ndarray:
+    """Pickles as ``numpy.ndarray((2**33,))``: a call that would reserve 64 GiB."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        import numpy as np
+
+        return (np.ndarray, ((1 << 33,),))
+
+
+def _distinct_globals(count: int) -> bytes:
+    items = b"".join(b"cm%d\nC\n)R" % i for i in range(count))
+    return b"\x80\x02(" + items + b"l."
+
+
+def _repeated_call(count: int) -> bytes:
+    return b"\x80\x02cm\nC\nq\x00(" + b"h\x00)R" * count + b"l."
+
+
+def _wide_call(count: int) -> bytes:
+    return b"\x80\x02cm\nC\n(" + b"K\x01" * count + b"tR."
+
+
+def _dcp_huge_chunk(folder: Path) -> Callable[[], object]:
+    from torch.distributed.checkpoint import save
+
+    path = folder / "dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save({"w": torch.ones(4, 4)}, checkpoint_id=str(path))
+    with (path / ".metadata").open("rb") as f:
+        metadata = pickle.load(f)  # our own file, written just above
+    entry = metadata.state_dict_metadata["w"]
+    entry.size = torch.Size([10**6, 10**6])
+    entry.chunks[0].sizes = torch.Size([10**6, 10**6])
+    with (path / ".metadata").open("wb") as f:
+        pickle.dump(metadata, f)
+    return _opener(path)
+
+
+def _quantized_stride0(dtype: torch.dtype, side: int) -> Case:
+    def build(folder: Path) -> Callable[[], object]:
+        values = torch.zeros(1, dtype=torch.int32 if dtype == torch.qint32 else torch.int8)
+        q = torch._empty_affine_quantized([0], scale=0.5, zero_point=0, dtype=dtype)
+        q.set_(values.untyped_storage(), 0, (side, side), (0, 0))
+        path = folder / f"stride0-{dtype}.pt"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.save({"q": q}, path)
+
+        def read() -> object:
+            loaded = tg.load(path)["q"]
+            assert loaded.shape == (side, side) and loaded.stride() == (0, 0), loaded.stride()
+            assert loaded.dtype == dtype and loaded.q_scale() == 0.5
+            return "a view, as torch.load gives"
+        return read
+    return build
+
+
+def _inspect_json(body: bytes, name: str) -> Case:
+    def build(folder: Path) -> Callable[[], object]:
+        path = _pickle_file(folder, name, body)
+
+        def read() -> object:
+            info = tg.inspect(path).to_dict()
+            return f"{len(json.dumps(info))} bytes of JSON"
+        return read
+    return build
+
+
+CASES: dict[str, Case] = {
+    "paddle BINUNICODE 4 GiB": lambda d: _opener(_pickle_file(d, "a.pdparams", _BINUNICODE_4G)),
+    "paddle FRAME 2^40": lambda d: _opener(_pickle_file(d, "b.pdparams", _FRAME_2_40)),
+    "paddle BINBYTES8 2^62": lambda d: _opener(_pickle_file(d, "c.pdparams", _BINBYTES8_2_62)),
+    "paddle BYTEARRAY8 2^40": lambda d: _opener(_pickle_file(d, "d.pdparams",
+                                                             _BYTEARRAY8_2_40)),
+    "legacy torch BINUNICODE 4 GiB": lambda d: _opener(
+        _pickle_file(d, "a.pth", _BINUNICODE_4G, legacy=True)),
+    "legacy torch FRAME 2^40": lambda d: _opener(_pickle_file(d, "b.pth", _FRAME_2_40,
+                                                              legacy=True)),
+    "legacy torch BINBYTES8 2^62": lambda d: _opener(
+        _pickle_file(d, "c.pth", _BINBYTES8_2_62, legacy=True)),
+    "paddle numpy.ndarray((2**33,))": lambda d: _opener(
+        _pickle_file(d, "e.pdparams", pickle.dumps({"w": _Ndarray()}, protocol=2))),
+    "DCP chunk 10^6 x 10^6": _dcp_huge_chunk,
+    "qint8 1 byte as 2^15 x 2^15, stride 0": _quantized_stride0(torch.qint8, 1 << 15),
+    "qint32 4 bytes as 2^16 x 2^16, stride 0": _quantized_stride0(torch.qint32, 1 << 16),
+    "300k distinct unknown globals": _inspect_json(_distinct_globals(300_000), "g.pkl"),
+    "one global called 1M times": _inspect_json(_repeated_call(1_000_000), "h.pkl"),
+    "inspect --json of a 1M-argument call": _inspect_json(_wide_call(1_000_000), "i.pkl"),
+}
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+def measure(folder: Path) -> list[dict[str, object]]:
+    """Build and read every case; one record per case."""
+    results = []
+    for name, build in CASES.items():
+        case_folder = folder / str(len(results))
+        case_folder.mkdir(parents=True)
+        read = build(case_folder)
+        size = sum(p.stat().st_size for p in case_folder.rglob("*") if p.is_file())
+        Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+        baseline = _status("VmRSS")
+        start = time.process_time()
+        try:
+            outcome: object = read()
+            error = None
+        except tg.TorchgraftError as exc:
+            outcome, error = str(exc)[:160], type(exc).__name__
+        except Exception as exc:  # a raw exception: recorded, and the test fails on it
+            outcome, error = f"RAW {type(exc).__name__}: {str(exc)[:140]}", "RAW"
+        cpu = time.process_time() - start
+        peak = _status("VmHWM") - baseline
+        results.append({"case": name, "cpu_s": round(cpu, 3), "peak_mib": round(peak / 2**20, 1),
+                        "file_bytes": size, "error": error, "outcome": str(outcome)})
+        shutil.rmtree(case_folder)
+    return results
+
+
+if __name__ == "__main__":
+    _, limit = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_status("VmSize") + (3 << 30), limit))
+    for record in measure(Path(sys.argv[1])):
+        print(json.dumps(record), flush=True)

@@ -1,0 +1,92 @@
+"""Bounds before allocation: hostile files end fast, small, and in a library error.
+
+The cases are in ``tests/hostile_cases.py``; they run in one child process whose address
+space is capped, each measured for CPU time and peak resident memory above its baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchgraft as tg
+from torchgraft.bounds import check_fits, check_length, check_shape, check_view, view_extent
+
+ROOT = Path(__file__).parent.parent
+#: Cases that build a record per pickled call: their cost is the pickle's own work (one
+#: Python call per REDUCE), linear in the file; measured, and bounded more loosely.
+RECORD_CASES = {"300k distinct unknown globals", "one global called 1M times"}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]]:
+    folder = tmp_path_factory.mktemp("hostile")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-m", "tests.hostile_cases", str(folder)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_every_case_ends_in_a_library_error_or_a_view(measured: list[dict[str, object]]
+                                                      ) -> None:
+    from tests.hostile_cases import CASES
+
+    assert [r["case"] for r in measured] == list(CASES)
+    for record in measured:
+        assert record["error"] != "RAW", record
+        if "stride 0" in str(record["case"]) or str(record["case"]) in RECORD_CASES or \
+                "inspect" in str(record["case"]):
+            assert record["error"] is None, record
+        else:
+            assert record["error"] == "CorruptCheckpointError", record
+
+
+def test_every_case_is_cheap(measured: list[dict[str, object]]) -> None:
+    for record in measured:
+        size = int(record["file_bytes"])  # type: ignore[call-overload]
+        limit_mib = max(64, 4 * size / 2**20)
+        assert float(record["peak_mib"]) < limit_mib, record  # type: ignore[arg-type]
+        cpu_limit = 6.0 if record["case"] in RECORD_CASES else 2.0
+        assert float(record["cpu_s"]) < cpu_limit, record  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [-1, 11, 2**63, 1.5, True, "3", None])
+def test_lengths_outside_the_file_are_refused(value: object) -> None:
+    with pytest.raises(tg.CorruptCheckpointError, match="at most 10"):
+        check_length(value, available=10, what="a length")
+
+
+def test_lengths_inside_the_file_pass() -> None:
+    assert check_length(0, available=10, what="x") == 0
+    assert check_length(10, available=10, what="x") == 10
+
+
+@pytest.mark.parametrize("shape", [[-1], [1] * 65, [1.0], "12", [True]])
+def test_malformed_shapes_are_refused(shape: object) -> None:
+    with pytest.raises(tg.CorruptCheckpointError, match="malformed shape"):
+        check_shape(shape, what="t")
+
+
+def test_a_shape_needing_more_than_is_stored_is_refused_without_overflow() -> None:
+    assert check_fits((2, 3), 4, available=24, what="t") == 24
+    with pytest.raises(tg.CorruptCheckpointError, match="needs 2361183241434822606848 bytes"):
+        check_fits((2**32, 2**32, 2**3), 16, available=100, what="t")
+
+
+def test_a_view_is_measured_by_its_extent() -> None:
+    assert view_extent((2**30, 2**30), (0, 0), 0, what="t") == 1
+    assert view_extent((2, 3), (3, 1), 4, what="t") == 10
+    assert view_extent((0, 5), (5, 1), 99, what="t") == 0
+    check_view((2**30,), (0,), 0, 1, what="t")
+    with pytest.raises(tg.CorruptCheckpointError, match="reaches element 1"):
+        check_view((2,), (1,), 0, 1, what="t")
+    with pytest.raises(tg.CorruptCheckpointError, match="malformed"):
+        view_extent((2,), (-1,), 0, what="t")
