@@ -101,9 +101,9 @@ def test_other_widths_or_head_counts_are_never_ok() -> None:
 
 
 def test_interchangeable_projections_are_a_guess_until_outputs_settle_it() -> None:
-    """Four same-shaped projections under other names: UNVERIFIED, never ok, until the
-    outputs Keras gave (committed beside the file) are reproduced."""
-    model = AttentionTwin(names=("q", "k", "v", "o"), head="out").eval()
+    """Four same-shaped projections under names that say nothing of their roles: UNVERIFIED,
+    never ok, until the outputs Keras gave (committed beside the file) are reproduced."""
+    model = AttentionTwin(names=("p1", "p2", "p3", "p4"), head="out").eval()
     report = tg.graft(FIXTURES / "attention.keras", model, strict=False)
     assert report.verdict == "unverified" and not report.ok
     io = np.load(FIXTURES / "attention_io.npz")
