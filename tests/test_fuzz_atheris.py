@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("atheris")
 
 ROOT = Path(__file__).parent.parent
-RUNS = 400
+RUNS = 200
 
 
 def test_fuzzed_inputs_load_or_raise_library_errors(tmp_path: Path) -> None:
