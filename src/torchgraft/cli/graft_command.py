@@ -63,6 +63,20 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
 @source_options
+@click.option("--verify/--no-verify", "verify", default=None,
+              help="Compare outputs with the source's own model (a folder's config.json names "
+                   "a transformers class, or --source-model), on inputs generated from its "
+                   "config or read from --inputs; where they diverge, try the guesses of the "
+                   "first diverging module. Default: when there is something to compare with "
+                   "and the weights are at most 2 GiB; --verify fails (exit 2) without one.")
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), default=None,
+              help="Inputs to compare outputs on: a .safetensors or .pt file of tensors named "
+                   "by forward argument (input_ids, pixel_values, input_features...).")
+@click.option("--source-model", "source_spec", default=None, metavar="MODULE:FACTORY",
+              help="Builds a model of the source's code base (as --model does) to fill from "
+                   "SOURCE and compare outputs with.")
+@click.option("--source-model-kwargs", default=None, metavar="JSON",
+              help="Keyword arguments for --source-model.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as a page: both module trees, linked and coloured.")
 @click.option("--details", is_flag=True, help="List every renamed key (default: a summary).")
@@ -72,7 +86,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   rules: Path | None, match: str, init: str, label_map: str | None,
                   no_adapt: bool, strict: bool, allow_incomplete: bool,
                   overwrite: bool, unsafe: bool, weights_key: str | None,
-                  component: str | None, follow_links: bool, html_path: Path | None,
+                  component: str | None, follow_links: bool, verify: bool | None,
+                  inputs_path: Path | None, source_spec: str | None,
+                  source_model_kwargs: str | None, html_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
@@ -83,6 +99,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     is saved (exit 3).
     """
     from ..graft import GraftError, graft
+    from ..graft.inputs import read_inputs
     from ..save import resolve_format, save
     from .factory import build_model
 
@@ -91,6 +108,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         raise click.UsageError(f"{out} exists; pass --overwrite to replace it")
     resolve_format(out, None, legacy=False)  # an output suffix no format writes: before any work
     rows = _label_map(label_map)
+    inputs = read_inputs(inputs_path) if inputs_path is not None else None
+    source_model = None if source_spec is None else (
+        lambda: build_model(source_spec, source_model_kwargs))
     with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
         task = bar.add_task("building the model", total=None)
         model = build_model(model_spec, model_kwargs)
@@ -100,6 +120,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                 source, model, rules=rules, match=match, adapt=not no_adapt,  # type: ignore[arg-type]
                 init=init, strict=strict, unsafe=unsafe, label_map=rows,  # type: ignore[arg-type]
                 weights_key=weights_key, component=component, follow_links=follow_links,
+                verify="auto" if verify is None else verify, example_inputs=inputs,
+                source_model=source_model,
                 progress=lambda done, total: bar.update(task, completed=done, total=total))
             failed = None
         except GraftError as exc:
