@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from ..wrappers import strip_wrappers
 from .conventions import role_of
 from .evidence import Guess, MatchStep
+from .head_sizes import head_size_mismatch
 from .layouts import Layout, rotary_warning
 from .planning import Match, Plan, is_bookkeeping
 from .rules import Rule, rename
@@ -237,6 +238,11 @@ def transforms(state: Planning) -> None:
     for target in state.dst.tensors:
         source = state.pairs.get(target)
         if source is not None and target not in state.plan.tied:
+            mismatch = head_size_mismatch(target, source, state.src, state.dst)
+            if mismatch is not None:
+                state.plan.missing[target] = mismatch
+                state.plan.unused[source] = f"its attention heads do not fit '{target}'"
+                continue
             decide(state.plan, target, source, state.how[target], state.src.tensors[source],
                    state.options)
 
