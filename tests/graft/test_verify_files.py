@@ -91,6 +91,30 @@ def test_source_model_settles_the_rotary_order(tmp_path: Path) -> None:
         assert torch.allclose(target(TOKENS), source(TOKENS).logits, atol=1e-5)
 
 
+def test_structure_that_swapped_two_norms_is_settled(tmp_path: Path) -> None:
+    """A sorted file: the stem's BN and the first block's BN (same shapes) were swapped by
+    structure; outputs compared with the source's own model find and undo it."""
+    pytest.importorskip("efficientnet_pytorch")
+    from tests.graft.pairs.codebases import hf_efficientnet, lukemelas_efficientnet
+
+    source = randomise(lukemelas_efficientnet())
+    save_file(dict(source.state_dict()), str(tmp_path / "model.safetensors"))
+    images = (PairInputs.make().images,)
+    unchecked = hf_efficientnet().eval()
+    assert not tg.graft(tmp_path / "model.safetensors", unchecked, verify=False,
+                        example_inputs=images).ok
+    target = hf_efficientnet().eval()
+    report = tg.graft(tmp_path / "model.safetensors", target, example_inputs=images,
+                      source_model=lukemelas_efficientnet)
+    assert report.verdict is Verdict.OK, str(report)
+    assert report.settled == ["'efficientnet.embeddings.batchnorm' and 'efficientnet.encoder."
+                              "blocks.0.depthwise_conv.depthwise_norm' swapped (same shapes, "
+                              "matched by structure)"]
+    assert report.mapping["efficientnet.embeddings.batchnorm.weight"] == "_bn0.weight"
+    with torch.no_grad():
+        assert torch.allclose(target(*images).logits, source(*images), atol=1e-5)
+
+
 def test_source_model_never_settles_a_wrong_head_count(tmp_path: Path) -> None:
     pytest.importorskip("torchtune")
     from tests.graft.pairs.codebases import torchtune_llama

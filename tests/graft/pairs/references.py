@@ -165,6 +165,27 @@ def timm_resnet_to_hf_resnet(state: State) -> State:
     ))
 
 
+def efficientnet_pytorch_to_hf(state: State) -> State:
+    """efficientnet_pytorch's (lukemelas) names to transformers' EfficientNet."""
+    block = r"_blocks\.(\d+)\."
+    into = r"efficientnet.encoder.blocks.\1."
+    return rename(state, (
+        (r"_conv_stem\.", "efficientnet.embeddings.convolution."),
+        (r"_bn0\.", "efficientnet.embeddings.batchnorm."),
+        (block + r"_expand_conv\.", into + "expansion.expand_conv."),
+        (block + r"_bn0\.", into + "expansion.expand_bn."),
+        (block + r"_depthwise_conv\.", into + "depthwise_conv.depthwise_conv."),
+        (block + r"_bn1\.", into + "depthwise_conv.depthwise_norm."),
+        (block + r"_se_reduce\.", into + "squeeze_excite.reduce."),
+        (block + r"_se_expand\.", into + "squeeze_excite.expand."),
+        (block + r"_project_conv\.", into + "projection.project_conv."),
+        (block + r"_bn2\.", into + "projection.project_bn."),
+        (r"_conv_head\.", "efficientnet.encoder.top_conv."),
+        (r"_bn1\.", "efficientnet.encoder.top_bn."),
+        (r"_fc\.", "classifier."),
+    ))
+
+
 def _split_qkv(state: State, key: str, names: list[str]) -> None:
     """Split a fused [Q; K; V] tensor in place into three keys."""
     for part, name in zip(state.pop(key).chunk(3), names, strict=True):
