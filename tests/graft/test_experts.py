@@ -297,3 +297,27 @@ def test_unstacking_into_fewer_experts_is_refused_for_the_whole_layer() -> None:
                           "3 experts of 'experts'")
     assert report.reasons["experts.gate_up_proj"] == why
     assert torch.equal(target.experts[0].gate_proj.weight, before)
+
+
+class UpGateExperts(StackedExperts):
+    """Stacks up before gate: names cannot tell it from the usual order, outputs can."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.einsum("...h,eoh->e...o", x, self.gate_up_proj) + \
+            self.gate_up_proj_bias[:, None]
+        up, gate = gate_up.chunk(2, dim=-1)
+        inner = nn.functional.silu(gate) * up
+        return torch.einsum("e...i,ehi->e...h", inner, self.down_proj) + \
+            self.down_proj_bias[:, None]
+
+
+def test_a_source_model_verifies_the_stacking_and_catches_another_order(
+        tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = sources(ListMoE(), tmp_path)["safetensors"]
+    report = tg.graft(path, StackedMoE(), source_model=ListMoE, example_inputs=X, verify=True)
+    assert report.ok, report
+    other = StackedMoE()
+    other.experts = UpGateExperts(4, 8, 6)
+    report = tg.graft(path, other, source_model=ListMoE, example_inputs=X, verify=True)
+    assert not report.ok and report.divergence is not None, report
