@@ -88,14 +88,10 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("module", "pt", "safetensors", "pretrained"),
     "gpt-fast Llama -> transformers Llama":
         ("module", "pt", "safetensors"),
-    "timm ResNet -> transformers ResNet":
-        ("norms/pt",),
     "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
         ("pt", "safetensors"),
     "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
-        ("pt", "safetensors", "pretrained"),
-    "timm ViT -> transformers ViT":
-        ("heads/pt", "heads/pretrained", "norms/pt"),
+        ("pt", "safetensors"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         ("module", "pt", "safetensors"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
@@ -112,8 +108,12 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("heads/pt", "norms/pt"),
     "nanoGPT -> transformers GPT-2":
         ("heads/pt", "norms/pt"),
+    "timm ResNet -> transformers ResNet":
+        ("norms/pt",),
     "transformers ResNet -> timm ResNet":
         ("norms/pt",),
+    "timm ViT -> transformers ViT":
+        ("heads/pt", "heads/pretrained", "norms/pt"),
     "transformers ViT -> timm ViT":
         ("heads/pt", "norms/pt"),
 }
