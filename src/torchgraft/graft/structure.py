@@ -483,10 +483,16 @@ class _Judge:
         for scope in _scopes(self.aligner.pairs, self.ua, self.ub):
             for i, others in self._swaps(scope).items():
                 found.setdefault(i, []).extend(j for j in others if j not in found[i])
+        votes: dict[str, Counter[str]] = {}
+        for i, j in self.aligner.pairs.items():
+            votes.setdefault(self.ua.unit[i], Counter())[self.ub.unit[j]] += 1
         for i, j in self.aligner.pairs.items():
             free = [k for k in self.free.get(self.ub.unit[j], ()) if self._fits(i, k)]
             if free:
                 found.setdefault(i, []).extend(free)
+            unit_votes = votes[self.ua.unit[i]]
+            if unit_votes[self.ub.unit[j]] < max(unit_votes.values()):
+                found.setdefault(i, [])  # its block's other modules went to another block
         return found
 
 
