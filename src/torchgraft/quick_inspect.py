@@ -47,6 +47,8 @@ STORAGE_DTYPES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfSt
                   "ComplexDoubleStorage": "complex128"}
 #: Keys of safetensors metadata that only the full reader interprets.
 _OWN_METADATA = ("torchgraft.",)
+#: safetensors ``format`` markers of files another framework wrote, which its reader opens.
+_OTHER_FRAMEWORKS = ("mlx",)
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_PICKLE = 64 * 1024 * 1024
 
@@ -107,6 +109,8 @@ def _safetensors(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or any(str(k).startswith(_OWN_METADATA) for k in metadata):
         raise _NotQuick
+    if metadata.get("format") in _OTHER_FRAMEWORKS:
+        raise _NotQuick  # read as that framework's format (torchgraft.io.mlx_format)
     entries = []
     for name, entry in header.items():
         if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
@@ -127,7 +131,8 @@ def _safetensors(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]
         {"__metadata__": metadata} if metadata else {}), "safetensors"
 
 
-def _npy_meta(stream: Any) -> QuickMeta:
+def _npy_meta(stream: Any, size: int) -> QuickMeta:
+    """An array's metadata from its header, its data checked to be all there (``size``)."""
     from numpy.lib import format as npy
 
     read = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}.get(
@@ -137,20 +142,23 @@ def _npy_meta(stream: Any) -> QuickMeta:
     shape, _fortran, dtype = read(stream)
     if dtype.hasobject or dtype.name not in ITEMSIZE or dtype.byteorder == ">":
         raise _NotQuick
-    return QuickMeta(_shape(shape), dtype.name)
+    meta = QuickMeta(_shape(shape), dtype.name)
+    if stream.tell() + meta.nbytes != size:
+        raise _NotQuick
+    return meta
 
 
 def _numpy(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     if path.name.endswith(".npy"):
         with path.open("rb") as f:
-            return {path.stem: _npy_meta(f)}, {}, "numpy"
+            return {path.stem: _npy_meta(f, path.stat().st_size)}, {}, "numpy"
     with zipfile.ZipFile(path) as archive:
         tensors = {}
         for member in archive.infolist():
-            if not member.filename.endswith(".npy"):
+            if not member.filename.endswith(".npy") or member.compress_type != zipfile.ZIP_STORED:
                 raise _NotQuick
             with archive.open(member) as f:
-                tensors[member.filename.removesuffix(".npy")] = _npy_meta(f)
+                tensors[member.filename.removesuffix(".npy")] = _npy_meta(f, member.file_size)
     return tensors, {}, "numpy"
 
 
@@ -320,8 +328,11 @@ def _torch_zip(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
         info = archive.getinfo(pickles[0])
         if info.file_size > _MAX_PICKLE or f"{base}version" not in names:
             raise _NotQuick
-        storages = {i.filename.removeprefix(f"{base}data/"): i.file_size
-                    for i in archive.infolist() if i.filename.startswith(f"{base}data/")}
+        storages = {}
+        for member in archive.infolist():
+            if member.filename.startswith(f"{base}data/"):
+                with archive.open(member):  # its local header checked, no data read
+                    storages[member.filename.removeprefix(f"{base}data/")] = member.file_size
         with archive.open(info) as f:
             root = _Unpickler(f, storages).load()
     if not isinstance(root, dict) or not root or not all(
@@ -363,9 +374,7 @@ def quick_inspect(path: Path) -> CheckpointInfo | None:
         if reader is None:
             return None
         tensors, extras, fmt = reader(path)
-    except (_NotQuick, OSError, ValueError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile,
-            struct.error, TypeError, KeyError, IndexError, AttributeError, RecursionError,
-            MemoryError):
+    except Exception:
         return None
     return _summary(path, tensors, extras, fmt)
 

@@ -229,13 +229,15 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
         by_torch = all(torch.equal(v.full_tensor() if isinstance(v, DTensor) else v,
                                    ref.state_dict()[k]) for k, v in state.items())
         model = fsdp(build(MLP, meta=True), flat)
-        with mock.patch.object(dcp_format, "read_blob", wraps=dcp_format.read_blob) as blobs:
+        with mock.patch.object(dcp_format, "read_archive",
+                               wraps=dcp_format.read_archive) as opened:
             out = graft(model, FOLDER / "dcp4")
-        files = {Path(call.kwargs["name"].partition("[")[0]).name
-                 for call in blobs.call_args_list}
+        files = {Path(call.args[0].name.partition("[")[0]).name
+                 for call in opened.call_args_list}
         own = {f"__{dist.get_rank()}_0.distcp"}
         return out | check(model, ref, x, train=True) | {
-            "by_torch": by_torch, "files": sorted(files), "own_file_only": files <= own}
+            "by_torch": by_torch, "files": sorted(files),
+            "own_file_only": bool(files) and files <= own}
 
     def broken_shape() -> dict[str, Any]:
         return graft(fsdp(build(MLP, meta=True), flat), FOLDER / "wrong_shape.safetensors")

@@ -48,6 +48,7 @@ class AttentionTwin(nn.Module):
         self.heads, self.head_name = heads, head
         self.embed = nn.Embedding(10, 8)
         self.attn = Projections(names)
+        self.attn.head_dim = 8 // heads  # as transformers' attention modules state it
         setattr(self, head, nn.Linear(8, 3))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,8 @@ def test_a_block_of_a_compressed_storage_is_cut_from_the_whole(tmp_path: Path) -
 
 
 def test_a_block_of_dcp_reads_the_chunks_it_spans(two_rank_dcp: Path) -> None:
-    """Written by 2 ranks (rows and columns halved), read in blocks of another sharding."""
+    """Written by 2 ranks (rows and columns halved), read in blocks of another sharding:
+    only the chunks the block overlaps are opened, and only the overlap's bytes read."""
     from tests.dcp_writer import expected
     from torchgraft.io import dcp
 
@@ -99,7 +100,25 @@ def test_a_block_of_dcp_reads_the_chunks_it_spans(two_rank_dcp: Path) -> None:
     for name, start, size, chunks in [("rows", (3, 1), (3, 4), 2), ("rows", (5, 0), (3, 6), 1),
                                       ("cols", (1, 3), (2, 5), 2), ("cols", (0, 5), (3, 5), 1)]:
         out = torch.empty(size, dtype=full[name].dtype)
-        with mock.patch.object(dcp, "read_blob", wraps=dcp.read_blob) as read_blob:
+        counts, patch = _counting()
+        with patch, mock.patch.object(dcp, "read_archive", wraps=dcp.read_archive) as opened:
             refs[name].read_box(start, out)
         assert torch.equal(out, _cut(full[name], start, size))
-        assert read_blob.call_count == chunks
+        assert opened.call_count == chunks
+        assert sum(counts) == out.numel() * out.element_size()
+
+
+def test_a_window_refuses_bytes_outside_it(tmp_path: Path) -> None:
+    from torchgraft.io.source import FileSource
+    from torchgraft.io.window import Window
+
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(100)))
+    window = Window(FileSource(path), 10, 20)
+    assert window.read(5, 3) == bytes([15, 16, 17])
+    with pytest.raises(tg.CorruptCheckpointError, match="needs bytes 15..25"):
+        window.read(15, 10)
+    with pytest.raises(tg.CorruptCheckpointError):
+        window.read_into(18, torch.empty(4, dtype=torch.uint8))
+    with pytest.raises(tg.CorruptCheckpointError):
+        Window(FileSource(path), 90, 20)

@@ -80,9 +80,11 @@ def test_transformers_flax_model_msgpack_grafts_into_bert() -> None:
     assert_bert_grafts(FIXTURES / "flax_bert" / "flax_model.msgpack", FIXTURES / "flax_bert_io.npz")
 
 
-def test_a_layer_more_or_another_width_is_never_ok() -> None:
+def test_a_layer_more_another_width_or_head_count_is_never_ok() -> None:
     assert not tg.graft(FIXTURES / "scan.msgpack", FlaxScan(layers=4), strict=False).ok
     assert not tg.graft(FIXTURES / "cnn.msgpack", FlaxCNN(width=7), strict=False).ok
+    four_heads = AttentionTwin(names=("query", "key", "value", "out"), head="head", heads=4)
+    assert not tg.graft(FIXTURES / "attention.msgpack", four_heads, strict=False).ok
 
 
 def test_inspect_shows_the_scan_stack_and_convert_writes_pytorch_names(tmp_path: Path) -> None:

@@ -53,11 +53,10 @@ def test_qwen2_with_biases_and_tied_embeddings_grafts() -> None:
     np.testing.assert_allclose(logits, io["logits"], rtol=0, atol=1e-6)
 
 
-@pytest.mark.xfail(reason="head sizes from the file's metadata (__metadata__['head_dims']) are "
-                          "not yet compared with the model's by the planner", strict=False)
 def test_other_head_counts_with_the_same_shapes_are_never_ok() -> None:
     report = tg.graft(LLAMA, _llama(num_attention_heads=8, num_key_value_heads=4), strict=False)
     assert not report.ok
+    assert "heads of size 64" in report.reasons["model.layers.0.self_attn.q_proj.weight"]
 
 
 def test_inspect_shows_framework_architecture_and_quantization() -> None:

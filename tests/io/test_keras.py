@@ -93,14 +93,17 @@ def test_transformers_tf_model_h5_grafts_into_bert() -> None:
     assert_bert_grafts(FIXTURES / "tf_bert" / "tf_model.h5", FIXTURES / "tf_bert_io.npz")
 
 
-def test_other_widths_or_interchangeable_projections_are_never_ok() -> None:
+def test_other_widths_or_head_counts_are_never_ok() -> None:
     assert not tg.graft(FIXTURES / "cnn.keras", KerasCNN(width=7), strict=False).ok
+    four_heads = AttentionTwin(names=("query", "key", "value", "attention_output"), head="out",
+                               heads=4)
+    assert not tg.graft(FIXTURES / "attention.keras", four_heads, strict=False).ok
 
 
 def test_interchangeable_projections_are_a_guess_until_outputs_settle_it() -> None:
-    """Four same-shaped projections under other names: UNVERIFIED, never ok, until the
-    outputs Keras gave (committed beside the file) are reproduced."""
-    model = AttentionTwin(names=("q", "k", "v", "o"), head="out").eval()
+    """Four same-shaped projections under names that say nothing of their roles: UNVERIFIED,
+    never ok, until the outputs Keras gave (committed beside the file) are reproduced."""
+    model = AttentionTwin(names=("p1", "p2", "p3", "p4"), head="out").eval()
     report = tg.graft(FIXTURES / "attention.keras", model, strict=False)
     assert report.verdict == "unverified" and not report.ok
     io = np.load(FIXTURES / "attention_io.npz")

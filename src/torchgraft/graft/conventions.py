@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CONVENTIONS", "Convention", "role_of", "unit_of"]
+__all__ = ["CONTEXTS", "CONVENTIONS", "Convention", "joined_role", "role_of", "role_parts",
+           "unit_of"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class Convention:
         object.__setattr__(self, "regex", re.compile(r"(?:^|\.)(?:" + self.pattern + r")$"))
 
 
-_ATTN = r"(?:attn|attention|self_attn|self_attention|mixer|attention\.output|encoder_attn)\."
+_ATTN = (r"(?:attn|attention|self_attn|self_attention|mixer|attention\.output|encoder_attn|"
+         r"cross_attn)\.")
 _MLP = r"(?:mlp|ffn|feed_forward|feedforward|experts\.\d+|block_sparse_moe\.experts\.\d+)\."
 
 #: Module names that make their sibling ``o`` or ``proj`` an attention output projection.
@@ -64,16 +66,26 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention("norm_k", r"k_norm|k_layernorm|key_norm|norm_k"),
     Convention("norm#1", r"attention\.output\.LayerNorm|input_layernorm|attention_norm|"
                          r"attn_norm|layernorm_before|ln_attn|self_attn_layer_norm|sa_norm|"
-                         r"pre_attention_norm"),
+                         r"pre_attention_norm|attn_ln|cross_attn_ln|encoder_attn_layer_norm"),
     Convention("norm#2", r"\d+\.output\.LayerNorm|post_attention_layernorm|ffn_norm|"
-                         r"mlp_norm|layernorm_after|ln_mlp|final_layer_norm|ff_norm"),
+                         r"mlp_norm|layernorm_after|ln_mlp|final_layer_norm|ff_norm|mlp_ln"),
     Convention("embed", r"embed_tokens|wte|tok_embeddings|word_embeddings|token_embedding|"
                         r"embed_in|tok_emb|token_embeddings"),
     Convention("pos_embed", r"wpe|position_embeddings|pos_embed|pos_emb|positional_embedding|"
                             r"embed_positions|position_embedding"),
-    Convention("shortcut", r"(?:shortcut|downsample|skip|skip_connection|conv_shortcut|"
-                           r"proj_shortcut)(?:\.\d+)?"),
-    Convention("head", r"lm_head|head|classifier|embed_out|logits|(?:head\.)?fc"),
+    Convention("head", r"lm_head|head|classifier|embed_out|logits|(?:head\.)?fc|^output"),
+)
+
+#: Where a module sits, from any part of its path: a cross-attention, a shortcut. Prefixed to
+#: its own role (``cross.q``), or its role when it has none of its own.
+CONTEXTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("encoder", re.compile(r"(?:^|\.)encoder(?:\.|$)")),
+    ("decoder", re.compile(r"(?:^|\.)decoder(?:\.|$)")),
+    ("vision", re.compile(r"(?:^|\.)(?:vision_model|visual|vision_tower|vision_encoder)(?:\.|$)")),
+    ("cross", re.compile(r"(?:^|[._])(?:cross_attn|encoder_attn|crossattention|cross_attention)"
+                         r"(?:[._]|$)")),
+    ("shortcut", re.compile(r"(?:^|\.)(?:shortcut|downsample|skip|skip_connection|"
+                            r"conv_shortcut|proj_shortcut)(?:\.|$)")),
 )
 
 _NUMBERED_NORM = re.compile(r"(?:^|\.)(?:norm|ln|bn|layernorm|layer_norm|gn)_?(\d+)$")
@@ -85,6 +97,9 @@ _PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 def role_of(path: str, siblings: frozenset[str] = frozenset()) -> str | None:
     """The role of a module from its path (``layers.0.self_attn.q_proj`` is ``q``).
 
+    A context found anywhere in the path prefixes it: ``decoder.layers.0.encoder_attn.q_proj``
+    is ``cross.q``, ``layer1.0.downsample.1`` is ``shortcut``.
+
     Args:
         path: The module's path.
         siblings: The names of the modules beside it (under the same parent).
@@ -92,9 +107,34 @@ def role_of(path: str, siblings: frozenset[str] = frozenset()) -> str | None:
     Returns:
         The role, or ``None`` when no convention names it.
     """
+    contexts, own = role_parts(path, siblings)
+    return joined_role(contexts, own)
+
+
+def role_parts(path: str, siblings: frozenset[str] = frozenset()
+               ) -> tuple[tuple[str, ...], str | None]:
+    """A module's contexts (``cross``, ``encoder``...) and its own role, apart.
+
+    Args:
+        path: The module's path.
+        siblings: The names of the modules beside it.
+
+    Returns:
+        The contexts found in the path, in :data:`CONTEXTS` order, and the role of its name.
+    """
+    return (tuple(name for name, pattern in CONTEXTS if pattern.search(path)),
+            _own_role(path, siblings))
+
+
+def joined_role(contexts: tuple[str, ...], own: str | None) -> str | None:
+    """One role from contexts and an own role: ``cross.q``, ``shortcut``, ``q``, or None."""
+    return ".".join([*contexts, *([own] if own else [])]) or None
+
+
+def _own_role(path: str, siblings: frozenset[str]) -> str | None:
     part = _PART.match(path)
     if part:
-        parts = _PARTS.get(role_of(part.group(1), siblings) or "", ())
+        parts = _PARTS.get(_own_role(part.group(1), siblings) or "", ())
         index = int(part.group(2))
         return parts[index] if index < len(parts) else None
     numbered = _NUMBERED_NORM.search(path)

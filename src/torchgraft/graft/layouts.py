@@ -134,8 +134,10 @@ _FAMILIES = {
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
 }
-#: Families whose attention uses rotary (RoPE) rows.
+#: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
+#: other code bases with the same attention names.
 _ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
+_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
 #: this one table.
@@ -305,6 +307,9 @@ def rotary_warning(source: Side, target: Side) -> str | None:
     if (families[0] is None) == (families[1] is None) or not (
             set(families) & _ROTARY_FAMILIES):
         return None
+    known_side = source if families[0] is not None else target
+    if not any(_GATED.search(name) for name in known_side.tensors):
+        return None  # q_proj names without a gated MLP: not a Llama (Whisper, BART...)
     known = families[0] or families[1]
     return (f"one side is {known}, the other is not a naming family torchgraft knows: attention "
             "q/k rows matched there keep the source's rotary (RoPE) order, which may differ; "

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..wrappers import strip_wrappers
 from .conventions import role_of
 from .evidence import Guess, MatchStep
+from .head_sizes import head_size_mismatch
 from .layouts import Layout, rotary_warning
 from .planning import Match, Plan, is_bookkeeping
 from .rules import Rule, rename
@@ -181,8 +182,14 @@ def structure(state: Planning) -> None:
                       is_bookkeeping, source_ordered=src.ordered)
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
-    state.plan.guesses.update({t: g for t, g in alignment.guesses.items()
-                               if state.how.get(t) == MatchStep.STRUCTURE})
+    owner = {name: src.ties.get(back[name], back[name]) for name in back}
+    for target, guess in alignment.guesses.items():
+        if state.how.get(target) != MatchStep.STRUCTURE:
+            continue
+        chosen = src.ties.get(pairs[target], pairs[target])
+        others = tuple(a for a in guess.alternatives if owner.get(a, a) != chosen)
+        if others:  # one tensor under two names (tied) is no alternative
+            state.plan.guesses[target] = replace(guess, alternatives=others)
 
 
 #: Roles whose rows a rotary (RoPE) layout may store in another order.
@@ -231,6 +238,11 @@ def transforms(state: Planning) -> None:
     for target in state.dst.tensors:
         source = state.pairs.get(target)
         if source is not None and target not in state.plan.tied:
+            mismatch = head_size_mismatch(target, source, state.src, state.dst)
+            if mismatch is not None:
+                state.plan.missing[target] = mismatch
+                state.plan.unused[source] = f"its attention heads do not fit '{target}'"
+                continue
             decide(state.plan, target, source, state.how[target], state.src.tensors[source],
                    state.options)
 

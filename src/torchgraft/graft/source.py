@@ -16,6 +16,7 @@ from ..checkpoint import open as open_checkpoint
 from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
 from .adapters import Adapter, find_adapter
+from .head_sizes import stated_head_dims
 from .layouts import mark_file_kinds
 from .sides import Side, TensorInfo, module_side, state_tensors, unwrap
 
@@ -121,5 +122,7 @@ def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
 
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    return GraftSource(_refs_side(refs, ckpt.format), refs, saved_keys=ckpt.saved_keys,
+    side = _refs_side(refs, ckpt.format)
+    side.head_dims.update(stated_head_dims(ckpt.extras))
+    return GraftSource(side, refs, saved_keys=ckpt.saved_keys,
                        adapter=find_adapter(ckpt.path))

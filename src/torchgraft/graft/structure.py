@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .conventions import role_of, unit_of
+from .conventions import joined_role, role_parts, unit_of
 from .evidence import Evidence, Guess
 from .sides import TensorInfo, natural_key
 
@@ -148,13 +149,18 @@ def _block_and_stem(path: str) -> tuple[str, str]:
 
 
 def _in_order(groups: list[_Group]) -> bool:
-    """Whether sorted names order these groups: in each block, they differ only by numbers."""
+    """Whether sorted names order these groups: they differ only by numbers.
+
+    In each block the groups have one stem, and the blocks themselves differ only by numbers
+    (``layer1.0``, ``layer2.1``); ``encoder.blocks.0`` and ``decoder.blocks.0``, or a root
+    ``bn1`` and ``layer1.0.bn1``, are ordered by letters only, which says nothing.
+    """
     stems: dict[str, str] = {}
     for group in groups:
         block, stem = _block_and_stem(group.path)
         if stems.setdefault(block, stem) != stem:
             return False
-    return True
+    return len({_DIGITS.sub("#", block) for block in stems}) <= 1
 
 
 class _Aligner:
@@ -287,94 +293,263 @@ class _Aligner:
 
 
 class _Units:
-    """One side's groups: their units, roles and numbered stems (names with digits as ``#``)."""
+    """One side's groups: their units, roles and classes."""
 
     def __init__(self, groups: list[_Group], classes: list[int]) -> None:
         children: dict[str, set[str]] = {}
         for g in groups:
             children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
+        self.paths = [g.path for g in groups]
         self.unit = [unit_of(g.path) for g in groups]
-        self.role = [role_of(g.path, frozenset(children[g.parent])) for g in groups]
-        self.stem = [_DIGITS.sub("#", g.path[len(u):]) for g, u in zip(groups, self.unit,
-                                                                        strict=True)]
+        self.parts = [role_parts(g.path, frozenset(children[g.parent])) for g in groups]
+        self.role = [joined_role(*p) for p in self.parts]
         self.cls = classes
 
+    def contexts(self) -> set[str]:
+        """Every context this side's paths name."""
+        return {c for contexts, _ in self.parts for c in contexts}
 
-def _repair_roles(pairs: dict[int, int], ua: _Units, ub: _Units) -> None:
-    """Re-pair same-shape pairs of a unit by role, where every role is known and distinct."""
-    groups: dict[tuple[str, str, int], list[int]] = {}
-    for i, j in pairs.items():
-        groups.setdefault((ua.unit[i], ub.unit[j], ub.cls[j]), []).append(i)
-    for rows in groups.values():
-        roles_a = [ua.role[i] for i in rows]
-        by_role = {ub.role[pairs[i]]: pairs[i] for i in rows}
-        if None in by_role or len(by_role) != len(rows) or set(roles_a) != set(by_role):
+    def keep_contexts(self, kept: set[str]) -> None:
+        """Roles with only the contexts both sides name (one side's ``encoder.`` says nothing)."""
+        self.role = [joined_role(tuple(c for c in contexts if c in kept), own)
+                     for contexts, own in self.parts]
+
+
+def _prefix(paths: list[str]) -> str:
+    """The common dotted prefix of paths (``a.b.c``, ``a.b.d`` -> ``a.b``)."""
+    common: list[str] = []
+    for column in zip(*(p.split(".") for p in paths), strict=False):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    return ".".join(common)
+
+
+def _common(paths: list[str]) -> str:
+    """The deepest module that holds every path (a lone path: its parent)."""
+    prefix = _prefix(paths)
+    shortest = min(p.count(".") for p in paths)
+    return ".".join(prefix.split(".")[:shortest]) if prefix else ""
+
+
+def _stem(path: str, scope: str) -> str:
+    return _DIGITS.sub("#", path[len(scope):])
+
+
+@dataclass
+class _Scope:
+    """Pairs whose modules share one side's unit, seen from both sides.
+
+    ``own`` is that side, ``other`` the other; stems are paths below the unit (own) and below
+    the deepest module holding the partners (other), digits as ``#``.
+    """
+
+    own: _Units
+    other: _Units
+    pairs: list[tuple[int, int]]  # (own group, other group)
+    stems: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unit = self.own.unit[self.pairs[0][0]]
+        scope = _common([self.other.paths[k] for _, k in self.pairs])
+        for i, k in self.pairs:
+            self.stems[(i, k)] = (_stem(self.own.paths[i], unit),
+                                  _stem(self.other.paths[k], scope))
+
+
+def _scopes(pairs: dict[int, int], ua: _Units, ub: _Units, *,
+            sides: tuple[bool, ...] = (True, False)) -> list[_Scope]:
+    """Every unit of the target side (True) and of the source side (False), with its pairs."""
+    found = []
+    for target_side in sides:
+        units: dict[str, list[tuple[int, int]]] = {}
+        for i, j in pairs.items():
+            if target_side:
+                units.setdefault(ua.unit[i], []).append((i, j))
+            else:
+                units.setdefault(ub.unit[j], []).append((j, i))
+        own, other = (ua, ub) if target_side else (ub, ua)
+        found += [_Scope(own, other, items) for items in units.values()]
+    return found
+
+
+def _repair(pairs: dict[int, int], ua: _Units, ub: _Units) -> None:
+    """Re-pair same-shape pairs of a unit by their roles, then by their numbers.
+
+    Scopes of one side hold disjoint pairs, so each side's are found afresh after the other's
+    were repaired.
+    """
+    for repair in (_repair_roles, _repair_numbers):
+        for target_side in (True, False):
+            for scope in _scopes(pairs, ua, ub, sides=(target_side,)):
+                repair(pairs, scope, target_side=target_side)
+
+
+def _set(pairs: dict[int, int], own: int, other: int, *, target_side: bool) -> None:
+    if target_side:
+        pairs[own] = other
+    else:
+        pairs[other] = own
+
+
+def _repair_roles(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Swap two pairs of a unit when that gives one of them the only partner of its role."""
+    own, other = scope.own, scope.other
+    current = dict(scope.pairs)
+    by_role: dict[tuple[str, int], list[int]] = {}
+    for _, k in scope.pairs:
+        if other.role[k] is not None:
+            by_role.setdefault((other.role[k] or "", other.cls[k]), []).append(k)
+    partner_of = {k: i for i, k in current.items()}
+    for i, k in list(current.items()):
+        wanted = by_role.get((own.role[i] or "", other.cls[k]), [])
+        if own.role[i] is None or other.role[k] == own.role[i] or len(wanted) != 1:
             continue
-        for i, role in zip(rows, roles_a, strict=True):
-            pairs[i] = by_role[role]
+        i2 = partner_of[wanted[0]]
+        if own.cls[i2] != own.cls[i] or own.role[i2] == other.role[wanted[0]]:
+            continue
+        current[i], current[i2] = wanted[0], k
+        partner_of[wanted[0]], partner_of[k] = i, i2
+    for i, k in current.items():
+        _set(pairs, i, k, target_side=target_side)
 
 
-def _follows_numbers(pairs: list[tuple[int, int]], a: list[_Group], b: list[_Group]) -> bool:
-    """Whether the source modules' numbers increase with the target modules' numbers."""
-    found = sorted((natural_key(a[i].path), natural_key(b[j].path)) for i, j in pairs)
-    return all(x[1] < y[1] for x, y in itertools.pairwise(found))
+def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Within a unit, pairs of numbered siblings follow their numbers on both sides."""
+    groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
+    for i, k in scope.pairs:
+        stems = scope.stems[(i, k)]
+        if "#" in stems[0] and "#" in stems[1]:
+            groups.setdefault((*stems, scope.own.cls[i], scope.other.cls[k]), []).append((i, k))
+    for items in groups.values():
+        owns = sorted((i for i, _ in items), key=lambda i: natural_key(scope.own.paths[i]))
+        others = sorted((k for _, k in items), key=lambda k: natural_key(scope.other.paths[k]))
+        for i, k in zip(owns, others, strict=True):
+            _set(pairs, i, k, target_side=target_side)
+
+
+def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
+    """Whether roles or numbers forbid swapping the partners of pairs ``p`` and ``q``."""
+    own, other = scope.own, scope.other
+    (i, k), (i2, k2) = p, q
+    for (x, y), y2 in ((p, k2), (q, k)):
+        if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
+            return True
+    stems = scope.stems[p]
+    if stems != scope.stems[q] or "#" not in stems[0] or "#" not in stems[1]:
+        return False
+    before = natural_key(own.paths[i]) < natural_key(own.paths[i2])
+    return before == (natural_key(other.paths[k]) < natural_key(other.paths[k2]))
 
 
 class _Judge:
-    """Which pairs are guesses: another pair of the same two units could swap with them.
+    """Which pairs are guesses: another pair of the same unit could swap with them.
 
-    Two pairs can swap when their target modules share a unit, their source modules share a
-    unit, and each target fits the other's source. A swap is ruled out by roles (each pair's
-    roles agree and differ from the other's) or by numbers (both sides' modules differ only
-    by numbers, ``bn1``/``bn2``, and the pairs follow them). An unpaired source module of the
-    unit that fits the target is an alternative too.
+    Two pairs can swap when their modules share a unit on one side and each fits the other's
+    partner. Roles rule a swap out (a pair's roles agree, the swap's would not), and so do
+    numbers (both sides differ only by numbers, ``bn1``/``bn2`` and ``layer.0``/``layer.1``,
+    and the pairs follow them). An unpaired source module of the unit that fits is an
+    alternative too.
     """
 
     def __init__(self, aligner: _Aligner, ua: _Units, ub: _Units) -> None:
         self.aligner, self.ua, self.ub = aligner, ua, ub
-        self.groups: dict[tuple[str, str], list[tuple[int, int]]] = {}
-        for i, j in aligner.pairs.items():
-            self.groups.setdefault((ua.unit[i], ub.unit[j]), []).append((i, j))
         self.free: dict[str, list[int]] = {}
         for j in aligner._free()[1]:
             self.free.setdefault(ub.unit[j], []).append(j)
-        self.numbered = {key: _follows_numbers(items, aligner.a, aligner.b)
-                         for key, items in self._by_stems().items()}
 
-    def _by_stems(self) -> dict[tuple[str, str, str, str], list[tuple[int, int]]]:
-        found: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
-        for (unit_a, unit_b), items in self.groups.items():
-            for i, j in items:
-                key = (unit_a, unit_b, self.ua.stem[i], self.ub.stem[j])
-                found.setdefault(key, []).append((i, j))
+    def _fits(self, i: int, j: int) -> bool:
+        return bool(self.aligner.table[self.ua.cls[i], self.ub.cls[j]])
+
+    def _swaps(self, scope: _Scope) -> dict[int, list[int]]:
+        """Target group to the source groups it could swap with, within one scope."""
+        found: dict[int, list[int]] = {}
+        buckets: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for i, k in scope.pairs:
+            buckets.setdefault((scope.own.cls[i], scope.other.cls[k]), []).append((i, k))
+        for p in scope.pairs:
+            for q in (q for items in buckets.values() for q in items):
+                if q == p:
+                    continue
+                i, j = p if scope.own is self.ua else p[::-1]
+                i2, j2 = q if scope.own is self.ua else q[::-1]
+                if self._fits(i, j2) and self._fits(i2, j) and not _ruled_out(scope, p, q):
+                    found.setdefault(i, []).append(j2)
         return found
-
-    def _swaps(self, i: int, j: int) -> list[tuple[int, int]]:
-        table, ua, ub = self.aligner.table, self.ua, self.ub
-        return [(i2, j2) for i2, j2 in self.groups[(ua.unit[i], ub.unit[j])]
-                if i2 != i and table[ua.cls[i], ub.cls[j2]] and table[ua.cls[i2], ub.cls[j]]]
-
-    def _decided(self, i: int, j: int, swaps: list[tuple[int, int]]) -> bool:
-        ua, ub = self.ua, self.ub
-        role = ua.role[i]
-        if role is not None and role == ub.role[j] and all(
-                ub.role[j2] != role and ua.role[i2] != role for i2, j2 in swaps):
-            return True
-        stems = (ua.stem[i], ub.stem[j])
-        return ("#" in stems[0] and "#" in stems[1]
-                and all((ua.stem[i2], ub.stem[j2]) == stems for i2, j2 in swaps)
-                and self.numbered[(ua.unit[i], ub.unit[j], stems[0], stems[1])])
 
     def guesses(self) -> dict[int, list[int]]:
         """Target group to the other source groups it could have been paired with."""
-        table, ua, ub = self.aligner.table, self.ua, self.ub
         found: dict[int, list[int]] = {}
+        for scope in _scopes(self.aligner.pairs, self.ua, self.ub):
+            for i, others in self._swaps(scope).items():
+                found.setdefault(i, []).extend(j for j in others if j not in found[i])
+        votes: dict[str, Counter[str]] = {}
         for i, j in self.aligner.pairs.items():
-            free = [k for k in self.free.get(ub.unit[j], ()) if table[ua.cls[i], ub.cls[k]]]
-            swaps = self._swaps(i, j)
-            if free or (swaps and not self._decided(i, j, swaps)):
-                found[i] = [j2 for _, j2 in swaps] + free
+            votes.setdefault(self.ua.unit[i], Counter())[self.ub.unit[j]] += 1
+        for i, j in self.aligner.pairs.items():
+            free = [k for k in self.free.get(self.ub.unit[j], ()) if self._fits(i, k)]
+            if free:
+                found.setdefault(i, []).extend(free)
+            unit_votes = votes[self.ua.unit[i]]
+            if unit_votes[self.ub.unit[j]] < max(unit_votes.values()):
+                found.setdefault(i, [])  # its block's other modules went to another block
         return found
+
+
+def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
+    """Pair what is left inside units already aligned: by role, else same-shape in order.
+
+    A target unit is aligned with the deepest source module holding the partners of its
+    pairs (several small target units may share one; the roots hold each other). Inside it,
+    a free target module takes the only free source module of its role that fits; then,
+    where as many free modules are left on each side and each fits every other, they pair in
+    order (guesses, which the judge reports as such).
+    """
+    partners: dict[str, set[str]] = {}
+    for i, j in aligner.pairs.items():
+        partners.setdefault(ua.unit[i], set()).add(ub.unit[j])
+    scope_of = {unit: _prefix(list(units)) for unit, units in partners.items()}
+    scope_of.setdefault("", "")
+    free_a, free_b = aligner._free()
+    rows_of: dict[str, list[int]] = {}
+    for i in free_a:
+        if ua.unit[i] in scope_of:
+            rows_of.setdefault(scope_of[ua.unit[i]], []).append(i)
+    cols_of: dict[str, list[int]] = {}
+    for j in free_b:
+        for scope in _ancestors(ub.paths[j]) if ub.unit[j] else ("",):
+            if scope in rows_of:
+                cols_of.setdefault(scope, []).append(j)
+    for scope, rows in rows_of.items():
+        left = _by_role(aligner, rows, cols_of.get(scope, []), ua, ub)
+        taken = set(aligner.pairs.values())
+        rows = [i for i in rows if i not in aligner.pairs]
+        cols = [j for j in left if j not in taken]
+        if rows and len(rows) == len(cols) and aligner.match[np.ix_(rows, cols)].all():
+            for i, j in zip(rows, cols, strict=True):
+                aligner.pairs[i] = j
+
+
+def _ancestors(path: str) -> list[str]:
+    """Every module above a path, the root excluded: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = path.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def _by_role(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
+             ub: _Units) -> list[int]:
+    """Pair rows with the only column of their role that fits; return the columns left."""
+    by_role: dict[str, list[int]] = {}
+    for j in cols:
+        by_role.setdefault(ub.role[j] or "", []).append(j)
+    wanted = Counter(ua.role[i] for i in rows)
+    for i in rows:
+        role = ua.role[i]
+        found = [j for j in by_role.get(role or "", ()) if aligner.match[i, j]]
+        if role is not None and wanted[role] == 1 and len(found) == 1:
+            aligner.pairs[i] = found[0]
+    taken = set(aligner.pairs.values())
+    return [j for j in cols if j not in taken]
 
 
 def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str) -> Guess:
@@ -408,7 +583,11 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
     aligner.run()
     ua, ub = _Units(a, aligner.classes[0]), _Units(b, aligner.classes[1])
-    _repair_roles(aligner.pairs, ua, ub)
+    common = ua.contexts() & ub.contexts()
+    ua.keep_contexts(common)
+    ub.keep_contexts(common)
+    _fill_by_units(aligner, ua, ub)
+    _repair(aligner.pairs, ua, ub)
     guessed = _Judge(aligner, ua, ub).guesses()
     result = Alignment({})
     for i, j in aligner.pairs.items():

@@ -30,7 +30,7 @@ from .adapt import (
     label_pairs,
 )
 from .conventions import CONVENTIONS, role_of
-from .evidence import NAME_STEPS, Evidence, MatchStep
+from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
 from .layouts import Layout
 from .planning import REINITIALISED, Plan, PlanStep
 from .sides import Side, TensorInfo
@@ -99,6 +99,8 @@ class Options:
         vocab: Row counts of the target's embeddings (a head as wide is a vocabulary).
         heads: Target modules that are an output head: by role, or the last module used.
         first: The target's first module used (whose input channels may be adapted).
+        doubts: Virtual source keys whose layout is a guess, to why (a per-head layout read
+            with the model's head size).
     """
 
     layouts: Sequence[Layout]
@@ -110,6 +112,7 @@ class Options:
     vocab: frozenset[int] = frozenset()
     heads: frozenset[str] = frozenset()
     first: str = ""
+    doubts: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
@@ -228,6 +231,9 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
             return
         ops.append(op)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    evidence = (Evidence.NAME if how in NAME_STEPS
-                else Evidence.GUESS if target in plan.guesses else Evidence.STRUCTURE)
+    if source in options.doubts and target not in plan.guesses:
+        plan.guesses[target] = Guess((f"{source} read with another head count",),
+                                     options.doubts[source])
+    evidence = (Evidence.GUESS if target in plan.guesses
+                else Evidence.NAME if how in NAME_STEPS else Evidence.STRUCTURE)
     plan.steps.append(PlanStep(target, source, how, tuple(ops), cast, evidence))

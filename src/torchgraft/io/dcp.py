@@ -22,7 +22,8 @@ from ..safe_pickle import PickledObject, safe_load
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .contain import contained
 from .source import FileSource
-from .torch_zip import read_blob
+from .torch_zip import read_archive, read_blob
+from .window import Window, WindowStream
 
 __all__ = ["FORMAT", "write"]
 
@@ -97,6 +98,14 @@ class _Storage:
             self.sources[relative] = FileSource(file)
         return self.sources[relative]
 
+    def window(self, fqn: str, offset: tuple[int, ...]) -> Window:
+        """The byte range holding one chunk's archive, as a file of its own."""
+        where = self.items.get((fqn, offset))
+        if where is None:
+            raise CorruptCheckpointError(f"no stored data for '{fqn}' at offset {offset}",
+                                         path=self.directory / _METADATA)
+        return Window(*where)
+
     def blob(self, fqn: str, offset: tuple[int, ...] | None) -> tuple[bytes, str]:
         """Return the stored bytes of one item, and a name for it in errors."""
         where = self.items.get((fqn, offset))
@@ -144,16 +153,18 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
                                                              strict=True)]
             if any(h <= lo for lo, h in zip(low, high, strict=True)):
                 continue
-            data, name = storage.blob(fqn, offsets)
-            part = read_blob(data, name=name, unsafe=unsafe)
+            window = storage.window(fqn, offsets)
+            stream = io.BufferedReader(WindowStream(window), buffer_size=1 << 16)
+            part, archive = read_archive(window, stream, unsafe=unsafe)
+            archive.close()
             if not isinstance(part, TensorRef) or part.meta.shape != sizes:
                 raise CorruptCheckpointError(f"chunk {offsets} of '{fqn}' is not a {sizes} tensor",
-                                             path=name)
-            piece, target = part.read(), out
+                                             path=window.name)
+            target = out
             for dim, (lo, hi) in enumerate(zip(low, high, strict=True)):
-                piece = piece.narrow(dim, lo - offsets[dim], hi - lo)
                 target = target.narrow(dim, lo - start[dim], hi - lo)
-            target.copy_(piece)
+            # the overlap's bytes only, where the chunk's storage is stored plainly
+            part.read_box(tuple(lo - o for lo, o in zip(low, offsets, strict=True)), target)
 
     def read() -> torch.Tensor:
         out = torch.empty(size, dtype=dtype)

@@ -1,0 +1,62 @@
+"""Attention head sizes as evidence: a file that states them against the model's own.
+
+Readers of other frameworks' files put the head sizes the file states (GGUF metadata, Keras and
+Flax ``[hidden, heads, head_dim]`` kernels) under ``__metadata__["head_dims"]``; a model's
+attention modules say theirs (``head_dim``). Two attention layers with the same weight shapes
+but other head counts compute something else, so such a pair is refused, never loaded as ok.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .sides import Side
+
+__all__ = ["head_size_mismatch", "stated_head_dims"]
+
+
+def stated_head_dims(extras: dict[str, Any]) -> dict[str, int]:
+    """The head sizes a file states: module path to ``head_dim``.
+
+    Args:
+        extras: A checkpoint's extras (plain data beside the weights).
+
+    Returns:
+        Module path to head size; empty when the file states none.
+    """
+    metadata = extras.get("__metadata__")
+    stated = metadata.get("head_dims") if isinstance(metadata, dict) else None
+    if not isinstance(stated, dict):
+        return {}
+    return {str(k): v for k, v in stated.items()
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def _owner(key: str, head_dims: dict[str, int]) -> tuple[str, int] | None:
+    module = key
+    while module:
+        module = module.rpartition(".")[0]
+        if module in head_dims:
+            return module, head_dims[module]
+    return None
+
+
+def head_size_mismatch(target: str, source: str, src: Side, dst: Side) -> str | None:
+    """Why ``source`` cannot fill ``target``: their attention modules' head sizes differ.
+
+    Args:
+        target: The target key.
+        source: The source key.
+        src: The source side (its ``head_dims`` from the file).
+        dst: The target side (its ``head_dims`` from the model).
+
+    Returns:
+        The reason, or ``None`` when they agree or either side does not say.
+    """
+    stated, expected = _owner(source, src.head_dims), _owner(target, dst.head_dims)
+    if stated is None or expected is None or stated[1] == expected[1]:
+        return None
+    return (f"Cannot load '{target}': the checkpoint's attention '{stated[0]}' has heads of "
+            f"size {stated[1]} (the file says so), the model's '{expected[0]}' {expected[1]}: "
+            "another number of heads, which the same shapes hide. Build the model with the "
+            "checkpoint's head count.")
