@@ -47,6 +47,8 @@ STORAGE_DTYPES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfSt
                   "ComplexDoubleStorage": "complex128"}
 #: Keys of safetensors metadata that only the full reader interprets.
 _OWN_METADATA = ("torchgraft.",)
+#: safetensors ``format`` markers of files another framework wrote, which its reader opens.
+_OTHER_FRAMEWORKS = ("mlx",)
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_PICKLE = 64 * 1024 * 1024
 
@@ -107,6 +109,8 @@ def _safetensors(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or any(str(k).startswith(_OWN_METADATA) for k in metadata):
         raise _NotQuick
+    if metadata.get("format") in _OTHER_FRAMEWORKS:
+        raise _NotQuick  # read as that framework's format (torchgraft.io.mlx_format)
     entries = []
     for name, entry in header.items():
         if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:

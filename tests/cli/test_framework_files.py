@@ -22,6 +22,12 @@ def test_inspect_json_names_framework_and_quantization(run: Run) -> None:
     assert info["extras"]["__metadata__"]["quantization"]["Q4_K"] == 4
 
 
+def test_inspect_of_an_mlx_lm_shard_says_mlx(run: Run) -> None:
+    result = run("inspect", str(FIXTURES / "mlx" / "llama_q4" / "model.safetensors"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["format"] == "mlx"
+
+
 def test_convert_keras_to_safetensors(run: Run, tmp_path: Path) -> None:
     out = tmp_path / "cnn.safetensors"
     result = run("convert", str(FIXTURES / "keras" / "cnn.keras"), str(out))

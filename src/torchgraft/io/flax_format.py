@@ -362,8 +362,10 @@ def _add(root: dict[str, Any], key: tuple[str, ...], ref: TensorRef, path: Path)
 
 def _magic(head: bytes) -> bool:
     """A map whose first key is a string, holding a map or an array extension."""
-    return len(head) > 2 and (0x81 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)) and (
-        0xA1 <= head[1 if head[0] < 0x90 else 3] <= 0xBF)
+    if not head or not (0x81 <= head[0] <= 0x8F or head[0] in (0xDE, 0xDF)):
+        return False
+    key = 1 if head[0] < 0x90 else 3 if head[0] == 0xDE else 5  # map16/32: after the count
+    return key < len(head) and 0xA1 <= head[key] <= 0xBF
 
 
 FORMAT = Format(name="flax", open=_open, suffixes=(".msgpack",), magic=_magic)

@@ -42,6 +42,7 @@ from .framework import (
 )
 from .source import FileSource
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
+from .window import Window, WindowStream
 
 __all__ = ["FORMAT", "KERAS3_VARIABLES", "KERAS_ARCHIVE_FORMAT", "LEAVES"]
 
@@ -253,36 +254,10 @@ def _open_h5(path: Path, options: ReadOptions) -> Contents:
     h5py = _h5py()
     source = FileSource(path)
     with hdf5_faults(path):  # read through the descriptor held, never the path again
-        file = h5py.File(_Window(source, 0, source.size), "r")
+        file = h5py.File(WindowStream(Window(source, 0, source.size)), "r")
         with closed_on_error(file.close):
             root = _read_hdf5(file, source, 0, str(path), [])
     return Contents("keras", path, root, [file.close, source.close])
-
-
-class _Window:
-    """A read-only file object over ``[start, start + size)`` of a file (a stored zip member)."""
-
-    def __init__(self, source: FileSource, start: int, size: int) -> None:
-        self.source, self.start, self.size, self.pos = source, start, size, 0
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = (offset if whence == 0 else self.pos + offset if whence == 1
-                    else self.size + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n < 0 else max(0, min(n, self.size - self.pos))
-        data = self.source.read(self.start + self.pos, n, what="model.weights.h5")
-        self.pos += n
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
 
 
 def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
@@ -316,7 +291,7 @@ def _open_keras(path: Path, options: ReadOptions) -> Contents:
         base = zip_data_offset(source, info)
     source.check_range(base, info.file_size, what="model.weights.h5")
     with hdf5_faults(path):
-        file = h5py.File(_Window(source, base, info.file_size), "r")
+        file = h5py.File(WindowStream(Window(source, base, info.file_size)), "r")
         with closed_on_error(file.close):
             root = _read_hdf5(file, source, base, str(path), order)
     return Contents("keras", path, root, [file.close, source.close])
