@@ -84,10 +84,13 @@ DANGEROUS: tuple[str, ...] = (
 )
 
 
+_DANGEROUS_MODULES = tuple(d for d in DANGEROUS if d.endswith("."))
+_DANGEROUS_NAMES = frozenset(d for d in DANGEROUS if not d.endswith("."))
+
+
 def is_dangerous(global_name: str) -> bool:
     """Whether a dotted global is a code-execution primitive (:data:`DANGEROUS`)."""
-    return any(global_name == d or (d.endswith(".") and global_name.startswith(d))
-               for d in DANGEROUS)
+    return global_name in _DANGEROUS_NAMES or global_name.startswith(_DANGEROUS_MODULES)
 
 _STORAGE_DTYPES: dict[str, torch.dtype] = {
     "DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
@@ -162,19 +165,22 @@ class _InertMeta(type):
     _tg_shared: Any
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        shared = cls._tg_shared
+        if shared is not None:  # the budget is spent: O(1) per call from here on
+            cls._tg_budget.summarised += 1
+            return shared
         if cls._tg_global in _INERT_CALLS:
             return _instance(cls, args)
         if not cls._tg_unsafe:
             if cls._tg_dangerous:
                 raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
             budget = cls._tg_budget
-            if budget.left <= 0:  # O(1) from here on: one shared record per global
+            if budget.left <= 0:  # one shared record per global from here on
                 budget.summarised += 1
-                if cls._tg_shared is None:
-                    shared: Any = object.__new__(cls)  # type: ignore[arg-type]
-                    shared.__init_record__((), True)
-                    cls._tg_shared = shared
-                return cls._tg_shared
+                shared = object.__new__(cls)  # type: ignore[arg-type]
+                shared.__init_record__((), True)
+                cls._tg_shared = shared
+                return shared
             record = _instance(cls, args)
             record.called = True
             return record

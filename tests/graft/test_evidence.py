@@ -182,3 +182,40 @@ def test_a_norm_of_another_width_is_refused_not_adapted_nor_reinitialised() -> N
     head = build_plan(side({"fc.weight": (1000, 8)}), side({"fc.weight": (21, 8)},
                                                           kinds={"fc": "linear"}))
     assert set(head.reinitialised) == {"fc.weight"}
+
+
+class QKV(nn.Module):
+    """Separate q, k, v projections, head size ``head_dim``."""
+
+    def __init__(self, dim: int, head_dim: int) -> None:
+        super().__init__()
+        self.attention = nn.Module()
+        self.attention.head_dim = head_dim  # type: ignore[assignment]
+        for name in ("q", "k", "v"):
+            self.attention.add_module(name, nn.Linear(dim, dim))
+
+
+class NeoXFused(nn.Module):
+    """GPT-NeoX's fused projection, stored head by head: [heads, (q, k, v), head_size]."""
+
+    def __init__(self, dim: int, head_size: int) -> None:
+        super().__init__()
+        self.attention = nn.Module()
+        self.attention.head_size = head_size  # type: ignore[assignment]
+        self.attention.query_key_value = nn.Linear(dim, 3 * dim)
+
+
+def test_per_head_fused_qkv_is_split_head_by_head() -> None:
+    torch.manual_seed(0)
+    source = NeoXFused(8, 4)
+    fused = source.attention.query_key_value.weight.detach().view(2, 3, 4, 8)
+    target = QKV(8, 4)
+    report = tg.graft(source, target)  # the module says its head size: known layout
+    assert report.ok and not report.guesses
+    for k, name in enumerate("qkv"):
+        assert torch.equal(getattr(target.attention, name).weight, fused[:, k].reshape(8, 8))
+    from_file = tg.graft(source.state_dict(), QKV(8, 4))  # head count from the model alone
+    assert from_file.verdict is Verdict.UNVERIFIED and "head count" in str(from_file)
+    twin = QKV(8, 2)  # the broken twin: another head count, the same shapes
+    assert not tg.graft(source.state_dict(), twin).ok
+    assert not torch.equal(twin.attention.q.weight, fused[:, 0].reshape(8, 8))

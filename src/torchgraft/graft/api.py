@@ -176,7 +176,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               layouts=layouts_for(source_side, target_side)
                               + expert_layouts(source_side, target_side)
                               + ([saved_copies] if saved_copies else []), match=match,
-                              adapt=adapt, init=init, label_map=label_map, derived=derived)
+                              adapt=adapt, init=init, label_map=label_map, derived=derived,
+                              doubts={v.name: v.doubt for v in virtual if v.doubt})
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
         explain(plan, experts)

@@ -19,7 +19,7 @@ import torch
 from ..meta import TensorMeta, TensorRef
 from .sides import Side, TensorInfo
 
-__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual"]
+__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
 
 
 @dataclass(frozen=True)
@@ -29,16 +29,20 @@ class Fusion:
     Attributes:
         fused: Module names of the fused projection.
         parts: For each part, in order of rows, its module names.
+        per_head: Fused names stored head by head (``[heads, parts, head_dim]``: GPT-NeoX's
+            and BLOOM's ``query_key_value``) rather than part by part (``[Q; K; V]``).
     """
 
     fused: frozenset[str]
     parts: tuple[frozenset[str], ...]
+    per_head: frozenset[str] = frozenset()
 
 
 FUSIONS = (
     Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "query_key_value"}),
            (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
-            frozenset({"v", "value", "v_proj", "wv"}))),
+            frozenset({"v", "value", "v_proj", "wv"})),
+           per_head=frozenset({"query_key_value"})),
     Fusion(frozenset({"gate_up_proj", "gate_up", "w13"}),
            (frozenset({"gate_proj", "gate", "w1"}), frozenset({"up_proj", "up", "w3"}))),
 )
@@ -52,11 +56,13 @@ class Virtual:
         name: Its key, e.g. ``attention.{query,key,value}.weight``.
         parts: The source keys it is made from.
         why: For the report, e.g. ``fused from query, key, value``.
+        doubt: Why its layout is a guess (the head count came from the model alone), if so.
     """
 
     name: str
     parts: tuple[str, ...]
     why: str
+    doubt: str | None = None
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
@@ -99,7 +105,46 @@ def _slice_box(ref: TensorRef, first: int, start: tuple[int, ...], out: torch.Te
     ref.read_box((first + start[0], *start[1:]), out)
 
 
-def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual]:
+def _per_head_cat(refs: Sequence[TensorRef], head_dim: int) -> torch.Tensor:
+    """Parts interleaved head by head: ``[heads, parts, head_dim, ...]``."""
+    parts = [ref.read() for ref in refs]
+    rest = parts[0].shape[1:]
+    return torch.stack([p.reshape(-1, head_dim, *rest) for p in parts], dim=1).reshape(
+        -1, *rest)
+
+
+def _per_head_slice(ref: TensorRef, index: int, count: int, head_dim: int) -> torch.Tensor:
+    """Part ``index`` of a tensor stored head by head."""
+    tensor = ref.read()
+    rest = tensor.shape[1:]
+    return tensor.reshape(-1, count, head_dim, *rest)[:, index].reshape(-1, *rest).contiguous()
+
+
+def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
+    """The attention head size a per-head layout is read with, and a doubt if it is a guess.
+
+    The source's own head size (a module source, a config) decides; the model's alone is a
+    guess: a checkpoint of another head count has the same shapes.
+
+    Args:
+        src: The source side.
+        dst: The target side.
+
+    Returns:
+        The head size (``None`` when neither side says one), and why it is a guess, if so.
+    """
+    sizes = set(src.head_dims.values())
+    if len(sizes) == 1:
+        return sizes.pop(), None
+    sizes = set(dst.head_dims.values())
+    if len(sizes) == 1 and not src.head_dims:
+        return sizes.pop(), ("the checkpoint does not say its head count; the model's head "
+                             "size was used to read its per-head fused layout")
+    return None, None
+
+
+def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+          head: tuple[int | None, str | None] | None = None) -> list[Virtual]:
     found = []
     modules = _modules(src)
     by_parent: dict[str, dict[int, str]] = {}
@@ -121,17 +166,31 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual
         label = ",".join(_leaf_module(p) for p in ordered)
         for leaf, group in infos.items():
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
-            shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
-            meta = TensorMeta.of(shape, group[0].dtype)
-            parts = [refs[i.name] for i in group]
-            refs[name] = TensorRef(meta, functools.partial(_cat, parts),
-                                   read_box=functools.partial(_cat_box, parts))
-            found.append(Virtual(name, tuple(i.name for i in group),
-                                 "fused from " + ", ".join(i.name for i in group)))
+            found += _fused(name, group, refs, head)
     return found
 
 
-def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtual]:
+def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
+           head: tuple[int | None, str | None] | None) -> list[Virtual]:
+    """One fused virtual tensor from its parts: part by part, or head by head."""
+    shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
+    meta = TensorMeta.of(shape, group[0].dtype)
+    parts = [refs[i.name] for i in group]
+    why = "fused from " + ", ".join(i.name for i in group)
+    if head is None:
+        refs[name] = TensorRef(meta, functools.partial(_cat, parts),
+                               read_box=functools.partial(_cat_box, parts))
+        return [Virtual(name, tuple(i.name for i in group), why)]
+    head_dim, doubt = head
+    if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
+        return []  # a per-head layout with no head size, or unequal parts: not fused
+    refs[name] = TensorRef(meta, functools.partial(_per_head_cat, parts, head_dim))
+    return [Virtual(name, tuple(i.name for i in group),
+                    f"{why}, head by head (head size {head_dim})", doubt)]
+
+
+def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+           head: tuple[int | None, str | None]) -> list[Virtual]:
     found = []
     count = len(fusion.parts)
     for path, tensors in _modules(src).items():
@@ -139,6 +198,9 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtua
             continue
         if any(i.kind not in (None, "linear") or not i.shape or i.shape[0] % count
                for i in tensors.values()):
+            continue
+        if _leaf_module(path) in fusion.per_head:
+            found += _split_per_head(refs, tensors, count, head)
             continue
         for leaf, info in tensors.items():
             for k in range(count):
@@ -150,6 +212,25 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion) -> list[Virtua
                                                                   k * rows))
                 found.append(Virtual(name, (info.name,),
                                      f"split from {info.name} (rows {k * rows}:{(k + 1) * rows})"))
+    return found
+
+
+def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], count: int,
+                    head: tuple[int | None, str | None]) -> list[Virtual]:
+    """The parts of a fused tensor stored head by head; none when the head size is unknown."""
+    head_dim, doubt = head
+    if head_dim is None or any(i.shape[0] % (count * head_dim) for i in tensors.values()):
+        return []
+    found = []
+    for leaf, info in tensors.items():
+        path = info.module
+        for k in range(count):
+            name = f"{path}[{k}].{leaf}"
+            meta = TensorMeta.of((info.shape[0] // count, *info.shape[1:]), info.dtype)
+            refs[name] = TensorRef(meta, functools.partial(_per_head_slice, refs[info.name], k,
+                                                           count, head_dim))
+            found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k} of each "
+                                                     f"head, head size {head_dim})", doubt))
     return found
 
 
@@ -169,9 +250,10 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
         names = fusion.fused
         parts = frozenset().union(*fusion.parts)
         if _has(dst, names) and not _has(src, names):
-            virtual += _fuse(src, refs, fusion)
+            per_head = _has(dst, fusion.per_head)
+            virtual += _fuse(src, refs, fusion, head_dim_of(src, dst) if per_head else None)
         elif _has(src, names) and not _has(dst, names) and _has(dst, parts):
-            virtual += _split(src, refs, fusion)
+            virtual += _split(src, refs, fusion, head_dim_of(src, dst))
     if not virtual:
         return src, []
     replaced = {part for v in virtual for part in v.parts}

@@ -36,7 +36,8 @@ __all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "build_p
 def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
                init: Init = "keep", label_map: LabelMap | None = None,
-               derived: Mapping[str, str] | None = None) -> Plan:
+               derived: Mapping[str, str] | None = None,
+               doubts: Mapping[str, str] | None = None) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
     Args:
@@ -49,12 +50,15 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         init: How new rows are filled: ``"keep"``, ``"normal"`` or ``"zeros"``.
         label_map: Which source rows fill which target rows in row adaptations.
         derived: Virtual source keys (fused or split tensors) to how they were made.
+        doubts: Virtual source keys whose layout is a guess, to why: the keys they fill are
+            guesses (the verdict is then unverified until outputs are compared).
 
     Returns:
         The plan.
     """
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
-                         derived=dict(derived or {}))
+                         derived=dict(derived or {}), doubts=dict(doubts or {}),
+                         source_heads=bool(src.head_dims))
     state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match)
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]

@@ -217,8 +217,8 @@ def _described(model: nn.Module, tensors: dict[str, torch.Tensor]
         if kind is not None:
             for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind
-        head_dim = getattr(module, "head_dim", None)
-        if isinstance(head_dim, int):
+        head_dim = getattr(module, "head_dim", getattr(module, "head_size", None))
+        if isinstance(head_dim, int):  # head_size: GPT-NeoX's attention
             head_dims[path] = head_dim
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
             for name, t in tensors.items()}, head_dims
