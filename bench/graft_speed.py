@@ -99,7 +99,8 @@ def main() -> None:
     for method, (_file, label) in METHODS.items():
         r = result[method]
         print(f"{label:<50} {r['seconds']:6.3f} s  peak RSS {r['peak_rss'] / gib:5.2f} GiB")
-        steps = runs[method][len(runs[method]) // 2]["steps"]
+        steps = sorted(runs[method], key=lambda run: run["seconds"])[len(runs[method]) // 2][
+            "steps"]  # the median run's
         if steps:
             print("    steps: " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items() if v))
     for ours, theirs in (("graft_safetensors", "load_model"), ("graft_torch", "torch_mmap")):

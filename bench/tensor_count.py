@@ -195,7 +195,8 @@ def main() -> None:
     for layout, r in results.items():
         graft = sorted(run["seconds"] for run in r["runs"]["graft"])
         base = sorted(run["seconds"] for run in r["runs"]["load_file"])
-        steps = r["runs"]["graft"][len(graft) // 2]["steps"]
+        steps = sorted(r["runs"]["graft"], key=lambda run: run["seconds"])[len(graft) // 2][
+            "steps"]  # the median run's
         print(f"{layout}: {r['plan']['tensors']} tensors; tg.graft into meta "
               f"{graft[len(graft) // 2]:.3f} s, load_file {base[len(base) // 2]:.3f} s; "
               f"median ratio {r['ratio']:.2f} (<= 3)")

@@ -91,6 +91,52 @@ def test_source_model_settles_the_rotary_order(tmp_path: Path) -> None:
         assert torch.allclose(target(TOKENS), source(TOKENS).logits, atol=1e-5)
 
 
+class _Block(nn.Module):
+    def __init__(self, first: str, second: str) -> None:
+        super().__init__()
+        self.names = (first, second)
+        for name in self.names:
+            self.add_module(name, nn.LayerNorm(8))
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = (getattr(self, n) for n in self.names)
+        return second(self.proj(first(x)))
+
+
+def test_a_unit_that_structure_swapped_is_settled() -> None:
+    """Two same-shape norms filled the wrong way round (as structure can do where names say
+    nothing): outputs compared with the source find the first diverging norm, try the
+    same-shape modules, keep the swap that makes it agree."""
+    from torchgraft.graft.planning import Plan
+    from torchgraft.graft.reference import Reference
+    from torchgraft.graft.settle import verify_graft
+    from torchgraft.graft.verify import as_call
+
+    torch.manual_seed(0)
+    source = randomise(nn.Sequential(_Block("zeta", "alpha"), _Block("zeta", "alpha")))
+    target = nn.Sequential(_Block("pre", "post"), _Block("pre", "post")).eval()
+    x = torch.randn(3, 8)
+    report = tg.graft(source, target, verify=False, example_inputs=(x,), source_inputs=(x,))
+    assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    with torch.no_grad():  # what a wrong structural match leaves
+        for leaf in ("weight", "bias"):
+            pre, post = getattr(target[0].pre, leaf), getattr(target[0].post, leaf)
+            held = pre.clone()
+            pre.copy_(post)
+            post.copy_(held)
+            report.mapping[f"0.pre.{leaf}"], report.mapping[f"0.post.{leaf}"] = (
+                report.mapping[f"0.post.{leaf}"], report.mapping[f"0.pre.{leaf}"])
+    verify_graft(report, Plan(), target, Reference(source, as_call((x,)), as_call((x,)), {},
+                                                   "the source"))
+    assert report.verdict is Verdict.OK, str(report)
+    assert report.settled == ["'0.pre' and '0.post' swapped (same shapes, matched by "
+                              "structure)"]
+    assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    with torch.no_grad():
+        assert torch.allclose(target(x), source(x))
+
+
 def test_source_model_never_settles_a_wrong_head_count(tmp_path: Path) -> None:
     pytest.importorskip("torchtune")
     from tests.graft.pairs.codebases import torchtune_llama

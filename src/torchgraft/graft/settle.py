@@ -10,13 +10,15 @@ hypothesis helps. Outputs that agree make every key ``verified``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from .adapt import RotaryPermute
+from .evidence import Evidence
 from .plan import Plan
 from .reference import Reference
 from .report import GraftReport
@@ -63,30 +65,31 @@ def _module(key: str) -> str:
 
 
 def _scopes(unit: str) -> list[str]:
-    """The unit, its parent and grandparent: a guess upstream shows in a sibling's output."""
-    scopes = [unit]
-    while len(scopes) < 3 and scopes[-1]:
-        scopes.append(_module(scopes[-1]))
-    return scopes
+    """The unit and its parent: a wrong q or k shows in a sibling's output (attention's)."""
+    return [unit, _module(unit)] if unit else [unit]
 
 
 def _within(key: str, scope: str) -> bool:
     return not scope or key.startswith(scope + ".")
 
 
-def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = ()) -> list[Hypothesis]:
+def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = (),
+               shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[Hypothesis]:
     """The hypotheses of a diverging unit, nearest guesses first.
 
-    Guesses in the unit come first, then those in its parent and grandparent (a wrong q or k
+    Guesses in the unit come first, then those in its parent (a wrong q or k
     shows in the attention output, not in its own). For a guessed module, each alternative
     module swapped with it (every tensor with its namesake); for guessed rotary rows, the q
     and k weights in the scope permuted into the other rotary order (for each head size
-    given).
+    given). Last, where ``shapes`` are given, the unit swapped with each module of the same
+    tensors and shapes that structure matched (nearest first, at most
+    :data:`MAX_LOOKALIKES`): structure can be wrong where names say nothing.
 
     Args:
-        report: The graft's report (its guesses and mapping).
+        report: The graft's report (its guesses, evidence and mapping).
         unit: The target module path where outputs first diverge.
         head_dims: Head sizes to try for rotary permutations.
+        shapes: Target key to shape, for swaps with same-shape modules.
 
     Returns:
         The hypotheses, each once.
@@ -96,7 +99,37 @@ def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = ()) ->
         guessed = [k for k in report.guesses if _within(k, scope)]
         for hypothesis in [*_swaps(report, guessed), *_rotary(report, guessed, head_dims)]:
             found.setdefault(hypothesis.name, hypothesis)
+    for hypothesis in _lookalikes(report, unit, shapes or {}):
+        found.setdefault(hypothesis.name, hypothesis)
     return list(found.values())
+
+
+#: At most this many same-shape modules are tried against a diverging unit.
+MAX_LOOKALIKES = 16
+
+
+def _signature(report: GraftReport, module: str,
+               shapes: Mapping[str, tuple[int, ...]]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A module's loaded tensors (leaf, shape), if none is known by name; else empty."""
+    keys = [k for k in report.loaded if _module(k) == module]
+    if not keys or any(report.evidence.get(k) is Evidence.NAME or k not in shapes
+                       for k in keys):
+        return ()
+    return tuple(sorted((k.rpartition(".")[2], shapes[k]) for k in keys))
+
+
+def _lookalikes(report: GraftReport, unit: str,
+                shapes: Mapping[str, tuple[int, ...]]) -> list[Hypothesis]:
+    signature = _signature(report, unit, shapes)
+    if not signature:
+        return []
+    others = {_module(k) for k in report.loaded} - {unit}
+    alike = [m for m in others if _signature(report, m, shapes) == signature]
+    alike.sort(key=lambda m: -len(os.path.commonpath([m.replace(".", "/"),
+                                                      unit.replace(".", "/")])))
+    return [Hypothesis(f"'{unit}' and '{other}' swapped (same shapes, matched by structure)",
+                       tuple((f"{unit}.{leaf}", f"{other}.{leaf}") for leaf, _ in signature))
+            for other in alike[:MAX_LOOKALIKES]]
 
 
 def _swaps(report: GraftReport, guessed: list[str]) -> list[Hypothesis]:
@@ -133,22 +166,26 @@ def _rotary(report: GraftReport, guessed: list[str], head_dims: Iterable[int]) -
             for head_dim in dict.fromkeys(head_dims) for to_meta in (True, False)]
 
 
-def _agrees(source: Run, target: nn.Module, reference: Reference, unit: tuple[str, str],
-            rtol: float) -> bool:
+def _agrees(source: Run, target: nn.Module, reference: Reference, unit: str,
+            module_map: Mapping[str, str], rtol: float) -> bool:
+    """Whether the unit's activation agrees with its (possibly new) reference module's."""
     seen = run_recorded(target, reference.target_call).seen
-    path, source_path = unit
-    return path in seen and differ(source.seen[source_path], seen[path], rtol) is None
+    source_path = module_map.get(unit)
+    return (unit in seen and source_path in source.seen
+            and differ(source.seen[source_path], seen[unit], rtol) is None)
 
 
-def _settle(report: GraftReport, target: nn.Module, reference: Reference, source: Run,
-            unit: tuple[str, str], rtol: float, tried: set[str]) -> Hypothesis | None:
+def _settle(report: GraftReport, plan: Plan, target: nn.Module, reference: Reference,
+            source: Run, unit: str, rtol: float, tried: set[str]) -> Hypothesis | None:
     state = state_tensors(target)
-    for hypothesis in hypotheses(report, unit[0], _head_dims(target, reference.module)):
+    shapes = {key: tuple(tensor.shape) for key, tensor in state.items()}
+    for hypothesis in hypotheses(report, unit, _head_dims(target, reference.module), shapes):
         if hypothesis.name in tried:
             continue
         tried.add(hypothesis.name)
         hypothesis.apply(state, report)
-        if _agrees(source, target, reference, unit, rtol):
+        if _agrees(source, target, reference, unit, _module_map(report, plan, reference.names),
+                   rtol):
             return hypothesis
         hypothesis.apply(state, report, undo=True)
     return None
@@ -172,10 +209,17 @@ def _head_dims(*models: nn.Module) -> list[int]:
     return list(dict.fromkeys(found))
 
 
-def _module_map(plan: Plan, names: dict[str, str]) -> dict[str, str]:
-    """Target module to reference module, for modules whose rows are in the same order."""
-    return {_module(s.target): _module(names.get(s.source, s.source)) for s in plan.steps
-            if not any(isinstance(op, RotaryPermute) for op in s.ops)}
+def _module_map(report: GraftReport, plan: Plan, names: dict[str, str],
+                reordered: Iterable[str] = ()) -> dict[str, str]:
+    """Target module to the reference module that filled it, as the report's mapping says now.
+
+    Modules whose rows were reordered (rotary) are left out: their activations differ in order.
+    """
+    permuted = {_module(s.target) for s in plan.steps
+                if any(isinstance(op, RotaryPermute) for op in s.ops)} | set(reordered)
+    found = {_module(key): _module(names.get(source, source))
+             for key, source in report.mapping.items()}
+    return {k: v for k, v in found.items() if k not in permuted}
 
 
 def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: Reference, *,
@@ -189,22 +233,22 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         reference: What to compare with.
         rtol: Tolerance relative to the reference output's largest magnitude.
     """
-    module_map = _module_map(plan, reference.names)
     source = run_recorded(reference.module, reference.source_call)
-    result = compare(source, target, None, reference.target_call, module_map=module_map,
-                     rtol=rtol)
-    kept: list[str] = []
+    result = compare(source, target, None, reference.target_call,
+                     module_map=_module_map(report, plan, reference.names), rtol=rtol)
+    kept: list[Hypothesis] = []
     tried: set[str] = set()
     while result.divergence is not None and result.unit is not None and len(kept) < MAX_UNITS:
-        hypothesis = _settle(report, target, reference, source, result.unit, rtol, tried)
+        hypothesis = _settle(report, plan, target, reference, source, result.unit[0], rtol,
+                             tried)
         if hypothesis is None:
             break
-        kept.append(hypothesis.name)
-        for key, _permute in hypothesis.permutes:  # rows reordered: no longer comparable
-            module_map.pop(_module(key), None)
-        result = compare(source, target, None, reference.target_call, module_map=module_map,
+        kept.append(hypothesis)
+        reordered = [_module(key) for h in kept for key, _permute in h.permutes]
+        result = compare(source, target, None, reference.target_call,
+                         module_map=_module_map(report, plan, reference.names, reordered),
                          rtol=rtol)
-    _record(report, result, reference, kept)
+    _record(report, result, reference, [h.name for h in kept])
 
 
 def _record(report: GraftReport, result: Verification, reference: Reference,

@@ -165,6 +165,20 @@ def hf_clip(deeper: bool = False, heads: int | None = None) -> nn.Module:
     return transformers.CLIPModel(config)
 
 
+#: EfficientNet-B0's first two stages, as efficientnet_pytorch's block strings; ``deeper``
+#: repeats the second stage once more.
+_EFFICIENTNET_BLOCKS = ("r1_k3_s11_e1_i32_o16_se0.25", "r{}_k3_s22_e6_i16_o24_se0.25")
+
+
+def hf_efficientnet(deeper: bool = False, heads: int | None = None) -> nn.Module:
+    config = transformers.EfficientNetConfig(
+        image_size=32, width_coefficient=1.0, depth_coefficient=1.0, kernel_sizes=[3, 3],
+        in_channels=[32, 16], out_channels=[16, 24], strides=[1, 2],
+        num_block_repeats=[1, 2 + deeper], expand_ratios=[1, 6], hidden_dim=1280,
+        num_labels=10, depthwise_padding=[])
+    return transformers.EfficientNetForImageClassification(config)
+
+
 def _clip_logits(model: nn.Module, x: Inputs) -> torch.Tensor:
     return model(input_ids=x.tokens, pixel_values=x.images).logits_per_image
 
@@ -219,6 +233,19 @@ def open_clip_model(deeper: bool = False, heads: int | None = None) -> nn.Module
 def _open_clip_logits(model: nn.Module, x: Inputs) -> torch.Tensor:
     image, text, scale = model(x.images, x.tokens)[:3]
     return scale * image @ text.t()
+
+
+def lukemelas_efficientnet(deeper: bool = False, heads: int | None = None) -> nn.Module:
+    from efficientnet_pytorch import EfficientNet
+    from efficientnet_pytorch.utils import BlockDecoder, GlobalParams
+
+    blocks = BlockDecoder.decode([_EFFICIENTNET_BLOCKS[0],
+                                  _EFFICIENTNET_BLOCKS[1].format(2 + deeper)])
+    params = GlobalParams(width_coefficient=1.0, depth_coefficient=1.0, image_size=32,
+                          dropout_rate=0.2, num_classes=10, batch_norm_momentum=0.99,
+                          batch_norm_epsilon=1e-3, drop_connect_rate=0.2, depth_divisor=8,
+                          min_depth=None, include_top=True)
+    return EfficientNet(blocks, params)
 
 
 def openai_whisper(deeper: bool = False, heads: int | None = None) -> nn.Module:
@@ -277,6 +304,10 @@ ARCHS = {arch.name: arch for arch in (
     Arch("transformers CLIP", "transformers", hf_clip, _clip_logits, _none, _save_pretrained),
     Arch("transformers Whisper", "transformers", hf_whisper, _whisper_hf_logits, _none,
          _save_pretrained),
+    Arch("transformers EfficientNet", "transformers", hf_efficientnet, _image_logits, _images,
+         _save_pretrained),
+    Arch("efficientnet_pytorch EfficientNet", "efficientnet_pytorch", lukemelas_efficientnet,
+         _plain_images, _images),
     Arch("timm ResNet", "timm", timm_resnet, _plain_images, _images, _timm_save),
     Arch("timm ViT", "timm", timm_vit, _plain_images, _images, _timm_save),
     Arch("open_clip CLIP (OpenAI layout)", "open_clip", open_clip_model, _open_clip_logits,

@@ -30,6 +30,13 @@ GAPS = {
     "timm ResNet -> transformers ResNet":
         "engine: from the sorted file, same-shape siblings (conv1/conv2/downsample.0, "
         "bn1/bn2/downsample.1) are aligned in lexical order: a false ok",
+    "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
+        "engine: a block's _bn0/_bn1 (same shape; digits glued to the name) are guesses "
+        "(UNVERIFIED): their numbers, and the convolution before each, would tell",
+    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
+        "engine: expand_bn/depthwise_norm into a block's _bn0/_bn1 (same shape) are left "
+        "ambiguous (INCOMPLETE): the convolution before each (expand_conv, depthwise_conv) "
+        "would tell",
     "timm ViT -> transformers ViT":
         "engine: norm1/norm2 vs layernorm_before/layernorm_after not aligned by role; sorted: "
         "the parts of timm's fused qkv ambiguous with attn.proj",
@@ -78,10 +85,10 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("module", "pt", "safetensors", "pretrained"),
     "gpt-fast Llama -> transformers Llama":
         ("module", "pt", "safetensors"),
-    "timm ResNet -> transformers ResNet":
-        ("norms/pt",),
-    "timm ViT -> transformers ViT":
-        ("heads/pt", "heads/pretrained", "norms/pt"),
+    "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
+        ("pt", "safetensors"),
+    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
+        ("pt", "safetensors"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         ("module", "pt", "safetensors"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
@@ -90,16 +97,16 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("safetensors", "heads/pt", "norms/pt"),
     "transformers Whisper -> openai-whisper":
         ("safetensors", "pretrained", "heads/pt", "norms/pt"),
-    "transformers Llama -> Meta Llama":
-        ("heads/pt", "norms/pt"),
-    "Meta Llama -> transformers Llama":
-        ("heads/pt", "norms/pt"),
     "transformers GPT-2 -> nanoGPT":
         ("heads/pt", "norms/pt"),
     "nanoGPT -> transformers GPT-2":
         ("heads/pt", "norms/pt"),
+    "timm ResNet -> transformers ResNet":
+        ("norms/pt",),
     "transformers ResNet -> timm ResNet":
         ("norms/pt",),
+    "timm ViT -> transformers ViT":
+        ("heads/pt", "heads/pretrained", "norms/pt"),
     "transformers ViT -> timm ViT":
         ("heads/pt", "norms/pt"),
 }
@@ -117,8 +124,14 @@ NOT_YET = {(pair, case): _reason(pair, case) for pair, failing in _FAILING.items
 _HEAD_COUNT = ("a bare state dict does not say its head count, and GPT-NeoX's fused "
                "query_key_value is stored head by head: read with the model's head size, the "
                "split is a guess (the heads twin has the same shapes)")
+_ROTARY_HEADS = ("a bare state dict does not say its head count, and the rotary rows of q and k "
+                 "are reordered per head: read with the model's head size, the permutation is a "
+                 "guess (the heads twin has the same shapes)")
 UNDECIDABLE: dict[tuple[str, str], str] = {
     (pair, flavour): _HEAD_COUNT
     for pair in ("transformers GPT-NeoX -> GPT-NeoX-style GPT",
                  "GPT-NeoX-style GPT -> transformers GPT-NeoX")
+    for flavour in ("pt", "safetensors")} | {
+    (pair, flavour): _ROTARY_HEADS
+    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}

@@ -66,39 +66,41 @@ def _llama_rotary(state: State) -> State:
     return out
 
 
-_LLAMA_BLOCK = r"model\.layers\.(\d+)\."
+#: transformers' Llama key, Meta's, torchtune's (its convert_weights); ``{n}`` a layer number.
+_LLAMA_KEYS = (
+    ("model.embed_tokens.weight", "tok_embeddings.weight", "tok_embeddings.weight"),
+    ("model.norm.weight", "norm.weight", "norm.scale"),
+    ("lm_head.weight", "output.weight", "output.weight"),
+    *((f"model.layers.{{n}}.self_attn.{p}_proj.weight", f"layers.{{n}}.attention.w{p}.weight",
+       f"layers.{{n}}.attn.{p}_proj.weight") for p in "qkv"),
+    ("model.layers.{n}.self_attn.o_proj.weight", "layers.{n}.attention.wo.weight",
+     "layers.{n}.attn.output_proj.weight"),
+    ("model.layers.{n}.mlp.gate_proj.weight", "layers.{n}.feed_forward.w1.weight",
+     "layers.{n}.mlp.w1.weight"),
+    ("model.layers.{n}.mlp.down_proj.weight", "layers.{n}.feed_forward.w2.weight",
+     "layers.{n}.mlp.w2.weight"),
+    ("model.layers.{n}.mlp.up_proj.weight", "layers.{n}.feed_forward.w3.weight",
+     "layers.{n}.mlp.w3.weight"),
+    ("model.layers.{n}.input_layernorm.weight", "layers.{n}.attention_norm.weight",
+     "layers.{n}.sa_norm.scale"),
+    ("model.layers.{n}.post_attention_layernorm.weight", "layers.{n}.ffn_norm.weight",
+     "layers.{n}.mlp_norm.scale"),
+)
+
+
+def _llama_table(column: int) -> Table:
+    """Renames from transformers' Llama keys to column ``column`` of :data:`_LLAMA_KEYS`."""
+    return (*((re.escape(row[0]).replace(r"\{n\}", r"(\d+)"), row[column].replace("{n}", r"\1"))
+              for row in _LLAMA_KEYS), (r".*rotary_emb\.inv_freq", None))
 
 
 def hf_llama_to_meta(state: State) -> State:
-    return rename(_llama_rotary(state), (
-        (r"model\.embed_tokens\.weight", "tok_embeddings.weight"),
-        (r"model\.norm\.weight", "norm.weight"),
-        (r"lm_head\.weight", "output.weight"),
-        (_LLAMA_BLOCK + r"self_attn\.(q|k|v|o)_proj\.weight", r"layers.\1.attention.w\2.weight"),
-        (_LLAMA_BLOCK + r"mlp\.gate_proj\.", r"layers.\1.feed_forward.w1."),
-        (_LLAMA_BLOCK + r"mlp\.down_proj\.", r"layers.\1.feed_forward.w2."),
-        (_LLAMA_BLOCK + r"mlp\.up_proj\.", r"layers.\1.feed_forward.w3."),
-        (_LLAMA_BLOCK + r"input_layernorm\.", r"layers.\1.attention_norm."),
-        (_LLAMA_BLOCK + r"post_attention_layernorm\.", r"layers.\1.ffn_norm."),
-        (r".*rotary_emb\.inv_freq", None),
-    ))
+    return rename(_llama_rotary(state), _llama_table(1))
 
 
 def hf_llama_to_torchtune(state: State) -> State:
     """After torchtune's convert_weights (hf_to_tune)."""
-    return rename(_llama_rotary(state), (
-        (r"model\.embed_tokens\.weight", "tok_embeddings.weight"),
-        (r"model\.norm\.weight", "norm.scale"),
-        (r"lm_head\.weight", "output.weight"),
-        (_LLAMA_BLOCK + r"self_attn\.(q|k|v)_proj\.weight", r"layers.\1.attn.\2_proj.weight"),
-        (_LLAMA_BLOCK + r"self_attn\.o_proj\.weight", r"layers.\1.attn.output_proj.weight"),
-        (_LLAMA_BLOCK + r"mlp\.gate_proj\.", r"layers.\1.mlp.w1."),
-        (_LLAMA_BLOCK + r"mlp\.down_proj\.", r"layers.\1.mlp.w2."),
-        (_LLAMA_BLOCK + r"mlp\.up_proj\.", r"layers.\1.mlp.w3."),
-        (_LLAMA_BLOCK + r"input_layernorm\.weight", r"layers.\1.sa_norm.scale"),
-        (_LLAMA_BLOCK + r"post_attention_layernorm\.weight", r"layers.\1.mlp_norm.scale"),
-        (r".*rotary_emb\.inv_freq", None),
-    ))
+    return rename(_llama_rotary(state), _llama_table(2))
 
 
 def hf_llama_to_gpt_fast(state: State) -> State:
@@ -160,6 +162,27 @@ def timm_resnet_to_hf_resnet(state: State) -> State:
         (block + r"downsample\.0\.(.*)", r"\1shortcut.convolution.\2"),
         (block + r"downsample\.1\.(.*)", r"\1shortcut.normalization.\2"),
         (r"fc\.(.*)", r"classifier.1.\1"),
+    ))
+
+
+def efficientnet_pytorch_to_hf(state: State) -> State:
+    """efficientnet_pytorch's (lukemelas) names to transformers' EfficientNet."""
+    block = r"_blocks\.(\d+)\."
+    into = r"efficientnet.encoder.blocks.\1."
+    return rename(state, (
+        (r"_conv_stem\.", "efficientnet.embeddings.convolution."),
+        (r"_bn0\.", "efficientnet.embeddings.batchnorm."),
+        (block + r"_expand_conv\.", into + "expansion.expand_conv."),
+        (block + r"_bn0\.", into + "expansion.expand_bn."),
+        (block + r"_depthwise_conv\.", into + "depthwise_conv.depthwise_conv."),
+        (block + r"_bn1\.", into + "depthwise_conv.depthwise_norm."),
+        (block + r"_se_reduce\.", into + "squeeze_excite.reduce."),
+        (block + r"_se_expand\.", into + "squeeze_excite.expand."),
+        (block + r"_project_conv\.", into + "projection.project_conv."),
+        (block + r"_bn2\.", into + "projection.project_bn."),
+        (r"_conv_head\.", "efficientnet.encoder.top_conv."),
+        (r"_bn1\.", "efficientnet.encoder.top_bn."),
+        (r"_fc\.", "classifier."),
     ))
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-_MISSING = [name for name in ("transformers", "timm", "open_clip", "whisper", "torchtune")
-            if importlib.util.find_spec(name) is None]
+_CODEBASES = ("transformers", "timm", "open_clip", "whisper", "torchtune", "efficientnet_pytorch")
+_MISSING = [name for name in _CODEBASES if importlib.util.find_spec(name) is None]
 if _MISSING:
     pytest.skip(f"code bases not installed: {', '.join(_MISSING)} (scripts/setup.sh installs "
                 "them)", allow_module_level=True)
