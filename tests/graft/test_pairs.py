@@ -192,7 +192,10 @@ def test_pair_from_every_flavour(pair: Pair, tmp_path: Path) -> None:
         folder.mkdir()
         target = pair.target().eval()
         report = tg.graft(_write(source, flavour, folder), target, example_inputs=(pair.inputs,))
-        assert report.ok, f"{flavour}: {report}"
+        if not report.ok:  # a bare file does not say its head count: rotary rows are a guess
+            assert flavour != "module" and report.verdict == "unverified", report
+            assert report.guesses and set(report.guesses) <= {
+                k for k, text in report.adapted.items() if "rotary" in text}, report
         assert not report.missing or all(k.endswith("num_batches_tracked")
                                          for k in report.missing)
         filled = set(report.loaded) | set(report.tied) | set(report.missing)

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 from ..errors import TorchgraftError, UnsupportedModelError
 from ..meta import TensorRef
 from .adapt import Derived, Init, Op, Rows, Transpose, fresh_values
+from .execute import READERS
 from .materialise import _holders
 from .plan import Plan, PlanStep
 
@@ -217,6 +219,12 @@ def _fill(step: PlanStep, ref: TensorRef, start: tuple[int, ...], local: torch.T
         local.copy_(_cut(tensor, start, size))
 
 
+def _read_plain(step: PlanStep, ref: TensorRef, tensor: DTensor) -> None:
+    with torch.no_grad():  # grad mode is per thread
+        start, local = _local(step.target, tensor)
+        ref.read_box(start, local)
+
+
 def _digest(plan: Plan) -> str:
     text = repr(([(s.target, s.source, s.describe()) for s in plan.steps],
                  sorted(plan.missing), sorted(plan.unused), sorted(plan.reinitialised)))
@@ -253,11 +261,14 @@ def fill_sharded(plan: Plan, refs: dict[str, TensorRef], sharded: dict[str, DTen
             "the ranks planned different grafts (the checkpoint or the model differs between "
             f"ranks: plan digests {sorted(set(d[:12] for d in digests))}); every rank must "
             "graft the same checkpoint into the same model")
-    failure: Exception | None = None
-    with torch.no_grad():
+    failure: BaseException | None = None
+    plain = [s for s in plan.steps if s.target in sharded and not s.ops]
+    with torch.no_grad(), ThreadPoolExecutor(READERS) as pool:
+        # plain copies read in a few threads (reads release the GIL), the rest in order
+        reads = [pool.submit(_read_plain, s, refs[s.source], sharded[s.target]) for s in plain]
         for step in plan.steps:
             tensor = sharded.get(step.target)
-            if tensor is None:
+            if tensor is None or not step.ops:
                 continue
             # the whole target, for adaptations that need it: a collective, before any raise
             whole = None if _sliceable(step) else _whole(tensor, _keeps(step.ops, plan.init))
@@ -277,6 +288,9 @@ def fill_sharded(plan: Plan, refs: dict[str, TensorRef], sharded: dict[str, DTen
                         fresh = fresh_values(torch.zeros(sharded[key].shape, dtype=local.dtype),
                                              plan.init)
                     local.copy_(_cut(fresh, start, tuple(local.shape)))
+        for read in reads:
+            if failure is None and read.exception() is not None:
+                failure = read.exception()
     failures = _gather(None if failure is None else str(failure))
     if failure is not None:
         raise failure

@@ -166,20 +166,27 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         label = ",".join(_leaf_module(p) for p in ordered)
         for leaf, group in infos.items():
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
-            shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
-            meta = TensorMeta.of(shape, group[0].dtype)
-            parts = [refs[i.name] for i in group]
-            why = "fused from " + ", ".join(i.name for i in group)
-            if head is None:
-                refs[name] = TensorRef(meta, functools.partial(_cat, parts),
-                                       read_box=functools.partial(_cat_box, parts))
-                found.append(Virtual(name, tuple(i.name for i in group), why))
-            elif head[0] is not None and len({i.shape[0] for i in group}) == 1 \
-                    and group[0].shape[0] % head[0] == 0:
-                refs[name] = TensorRef(meta, functools.partial(_per_head_cat, parts, head[0]))
-                found.append(Virtual(name, tuple(i.name for i in group),
-                                     f"{why}, head by head (head size {head[0]})", head[1]))
+            found += _fused(name, group, refs, head)
     return found
+
+
+def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
+           head: tuple[int | None, str | None] | None) -> list[Virtual]:
+    """One fused virtual tensor from its parts: part by part, or head by head."""
+    shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
+    meta = TensorMeta.of(shape, group[0].dtype)
+    parts = [refs[i.name] for i in group]
+    why = "fused from " + ", ".join(i.name for i in group)
+    if head is None:
+        refs[name] = TensorRef(meta, functools.partial(_cat, parts),
+                               read_box=functools.partial(_cat_box, parts))
+        return [Virtual(name, tuple(i.name for i in group), why)]
+    head_dim, doubt = head
+    if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
+        return []  # a per-head layout with no head size, or unequal parts: not fused
+    refs[name] = TensorRef(meta, functools.partial(_per_head_cat, parts, head_dim))
+    return [Virtual(name, tuple(i.name for i in group),
+                    f"{why}, head by head (head size {head_dim})", doubt)]
 
 
 def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,

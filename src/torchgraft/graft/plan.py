@@ -57,7 +57,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         The plan.
     """
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
-                         derived=dict(derived or {}), doubts=dict(doubts or {}))
+                         derived=dict(derived or {}), doubts=dict(doubts or {}),
+                         source_heads=bool(src.head_dims))
     state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match)
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]

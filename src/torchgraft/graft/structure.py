@@ -234,19 +234,23 @@ class _Aligner:
         certain = [(rows[i], cols[j]) for i, j, r in zip(ii, jj, ranks, strict=True)
                    if counts[r] == 1]
         if not certain:
-            unique = self._unique(rows, cols)
-            for i, j in unique:
-                self._take(i, j)
-            if unique:
-                taken = {i for i, _ in unique}, {j for _, j in unique}
-                self.solve([r for r in rows if r not in taken[0]],
-                           [c for c in cols if c not in taken[1]])
+            self._solve_unique(rows, cols)
             return
         for i, j in certain:
             self._take(i, j)
         bounds = [(-1, -1), *sorted(certain), (len(self.a), len(self.b))]
         for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
             self.solve([r for r in rows if i0 < r < i1], [c for c in cols if j0 < c < j1])
+
+    def _solve_unique(self, rows: list[int], cols: list[int]) -> None:
+        """No certain LCS pair: take the unique fits, then solve what they leave."""
+        unique = self._unique(rows, cols)
+        for i, j in unique:
+            self._take(i, j)
+        if unique:
+            taken = {i for i, _ in unique}, {j for _, j in unique}
+            self.solve([r for r in rows if r not in taken[0]],
+                       [c for c in cols if c not in taken[1]])
 
     def _neighbours(self) -> bool:
         """Pair the unpaired neighbours of paired modules, under the same parents.
@@ -588,7 +592,14 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     ub.keep_contexts(common)
     _fill_by_units(aligner, ua, ub)
     _repair(aligner.pairs, ua, ub)
-    guessed = _Judge(aligner, ua, ub).guesses()
+    result = _paired_tensors(aligner, _Judge(aligner, ua, ub).guesses())
+    result.ambiguous = _ambiguous(aligner)
+    return result
+
+
+def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]]) -> Alignment:
+    """The tensor pairs of the module pairs, each with its evidence."""
+    a, b = aligner.a, aligner.b
     result = Alignment({})
     for i, j in aligner.pairs.items():
         found = [(t.name, s.name) for t, s in _paired(a[i].tensors, b[j].tensors) or ()]
@@ -599,16 +610,22 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
             result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
             if i in guessed:
                 result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2])
+    return result
+
+
+def _ambiguous(aligner: _Aligner) -> dict[str, str]:
+    """Why each target tensor left unpaired stayed so, where several modules fit it."""
     free_a, free_b = aligner._free()
-    free_match = aligner.match[np.ix_(free_a, free_b)] if free_a and free_b else None
+    if not free_a or not free_b:
+        return {}
+    free_match = aligner.match[np.ix_(free_a, free_b)]
+    ambiguous: dict[str, str] = {}
     for row, i in enumerate(free_a):
-        hits = np.nonzero(free_match[row])[0] if free_match is not None else ()
-        candidates = [b[free_b[k]].path for k in hits]
+        candidates = [aligner.b[free_b[k]].path for k in np.nonzero(free_match[row])[0]]
         if candidates:
             shown = ", ".join(f"'{c}'" for c in candidates[:3])
             more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
             why = (f"structure is ambiguous: checkpoint modules {shown}{more} fit it, and "
                    "other modules of the model as well; add a rule that names its source")
-            for t in a[i].tensors:
-                result.ambiguous[t.name] = why
-    return result
+            ambiguous.update(dict.fromkeys((t.name for t in aligner.a[i].tensors), why))
+    return ambiguous

@@ -101,6 +101,8 @@ class Options:
         first: The target's first module used (whose input channels may be adapted).
         doubts: Virtual source keys whose layout is a guess, to why (a per-head layout read
             with the model's head size).
+        source_heads: Whether the source states its head sizes (a module, a config, a file's
+            metadata); without them a head-dependent layout (rotary rows) is a guess.
     """
 
     layouts: Sequence[Layout]
@@ -113,6 +115,7 @@ class Options:
     heads: frozenset[str] = frozenset()
     first: str = ""
     doubts: Mapping[str, str] = field(default_factory=dict)
+    source_heads: bool = True
 
     @classmethod
     def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
@@ -231,9 +234,12 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
             return
         ops.append(op)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    if source in options.doubts and target not in plan.guesses:
-        plan.guesses[target] = Guess((f"{source} read with another head count",),
-                                     options.doubts[source])
+    doubt = options.doubts.get(source)
+    if isinstance(rotary, RotaryPermute) and not options.source_heads:
+        doubt = ("the checkpoint does not say its head count; its rotary rows were reordered "
+                 "with the model's head size")
+    if doubt is not None and target not in plan.guesses:
+        plan.guesses[target] = Guess((f"{source} read with another head count",), doubt)
     evidence = (Evidence.GUESS if target in plan.guesses
                 else Evidence.NAME if how in NAME_STEPS else Evidence.STRUCTURE)
     plan.steps.append(PlanStep(target, source, how, tuple(ops), cast, evidence))

@@ -97,10 +97,6 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("safetensors", "heads/pt", "norms/pt"),
     "transformers Whisper -> openai-whisper":
         ("safetensors", "pretrained", "heads/pt", "norms/pt"),
-    "transformers Llama -> Meta Llama":
-        ("heads/pt", "norms/pt"),
-    "Meta Llama -> transformers Llama":
-        ("heads/pt", "norms/pt"),
     "transformers GPT-2 -> nanoGPT":
         ("heads/pt", "norms/pt"),
     "nanoGPT -> transformers GPT-2":
@@ -128,8 +124,14 @@ NOT_YET = {(pair, case): _reason(pair, case) for pair, failing in _FAILING.items
 _HEAD_COUNT = ("a bare state dict does not say its head count, and GPT-NeoX's fused "
                "query_key_value is stored head by head: read with the model's head size, the "
                "split is a guess (the heads twin has the same shapes)")
+_ROTARY_HEADS = ("a bare state dict does not say its head count, and the rotary rows of q and k "
+                 "are reordered per head: read with the model's head size, the permutation is a "
+                 "guess (the heads twin has the same shapes)")
 UNDECIDABLE: dict[tuple[str, str], str] = {
     (pair, flavour): _HEAD_COUNT
     for pair in ("transformers GPT-NeoX -> GPT-NeoX-style GPT",
                  "GPT-NeoX-style GPT -> transformers GPT-NeoX")
+    for flavour in ("pt", "safetensors")} | {
+    (pair, flavour): _ROTARY_HEADS
+    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}
