@@ -111,7 +111,7 @@ class ByteSource:
         if not nbytes:
             return torch.empty(0, dtype=dtype, device="cpu")  # no bytes to map
         raw = self._raw(offset, nbytes)
-        if raw.storage_offset() % itemsize:
+        if raw.data_ptr() % itemsize:  # misaligned in memory: copied, never viewed
             raw = raw.clone()
         return raw.view(dtype)
 
@@ -234,8 +234,10 @@ class FileSource(ByteSource):
                 raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
                 self.held_name(), shared=False, nbytes=self.size))
+        # A storage of its own viewing these bytes, as torch.load(mmap=True) gives each
+        # storage: a tensor saved later (torch.save, safetensors) holds its bytes, not the file.
         raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
-        raw.set_(storage, offset, (nbytes,), (1,))
+        raw.set_(storage[offset:offset + nbytes], 0, (nbytes,), (1,))
         return raw
 
     def close(self) -> None:
