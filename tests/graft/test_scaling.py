@@ -86,3 +86,17 @@ def test_grafting_inside_a_meta_device_context(tmp_path: Path) -> None:
         model = nn.Linear(2, 2, bias=False)
         assert tg.graft(path, model).ok
     assert torch.equal(model.weight, torch.ones(2, 2))
+
+
+def test_meta_fill_views_each_tensor_alone_so_it_saves_alone(tmp_path: Path) -> None:
+    from safetensors.torch import save_model
+
+    torch.save(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).state_dict(), tmp_path / "s.pt")
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert tg.graft(tmp_path / "s.pt", model).ok
+    weight = model[0].weight
+    assert weight.untyped_storage().nbytes() == weight.nbytes  # not the whole file mapped
+    save_model(model, str(tmp_path / "again.safetensors"))  # no "tensors share memory"
+    torch.save(weight, tmp_path / "w.pt")
+    assert torch.equal(torch.load(tmp_path / "w.pt"), weight)

@@ -309,3 +309,17 @@ def test_a_file_replaced_after_open_is_not_read(tmp_path: Path, suffix: str) -> 
         name = ckpt.keys()[0]
         assert torch.equal(ckpt.get(name), old["w"])
     assert torch.equal(tg.load(path)[name], new["w"])
+
+
+def test_graft_and_convert_read_the_file_held_not_its_replacement(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    old = {"weight": torch.ones(4, 4), "bias": torch.ones(4)}
+    save_file(old, path)
+    with tg.open(path) as ckpt:
+        save_file({k: torch.full_like(v, 7.0) for k, v in old.items()}, tmp_path / "new")
+        os.replace(tmp_path / "new", path)
+        model = torch.nn.Linear(4, 4)
+        assert tg.graft(ckpt, model).ok
+        assert torch.equal(model.weight.detach(), old["weight"])
+        tg.convert(tmp_path / "m.safetensors", tmp_path / "other.safetensors")  # the new file
+    assert torch.equal(tg.load(tmp_path / "other.safetensors")["weight"], torch.full((4, 4), 7.0))

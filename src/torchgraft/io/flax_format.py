@@ -231,7 +231,7 @@ def _array_ref(source: FileSource, array: _Array, where: str, *, layer: int | No
     def read_into(out: torch.Tensor) -> None:
         source.read_into(offset, out, what=f"'{where}'")
 
-    return TensorRef(meta, read, read_into, span=lambda: (source.name, offset))
+    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset))
 
 
 def _chunked_ref(source: FileSource, node: dict[str, Any], where: str) -> TensorRef:

@@ -192,10 +192,20 @@ def relaid(ref: TensorRef, op: str | None, *, name: str, path: str) -> TensorRef
                                      path=path)
     shape, apply = LAYOUT_OPS[op](stored)
 
-    def read() -> torch.Tensor:
-        return apply(ref.read()).contiguous()
+    def stored_copy() -> torch.Tensor:
+        # Read into a buffer of this process (not a view of the file's mapping, whose pages
+        # would stay resident): one tensor's bytes at a time.
+        buffer = torch.empty(stored, dtype=ref.meta.dtype)
+        ref.read_into(buffer)
+        return buffer
 
-    return TensorRef(TensorMeta.of(shape, ref.meta.dtype), read)
+    def read() -> torch.Tensor:
+        return apply(stored_copy()).contiguous()
+
+    def read_into(out: torch.Tensor) -> None:
+        out.copy_(apply(stored_copy()))
+
+    return TensorRef(TensorMeta.of(shape, ref.meta.dtype), read, read_into)
 
 
 def rename(name: str, table: Sequence[tuple[re.Pattern[str], str]]) -> str:

@@ -209,7 +209,7 @@ def _ref(source: FileSource, name: str, shape: tuple[int, ...], kind: int,
         def read_into(out: torch.Tensor) -> None:
             source.read_into(offset, out, what=f"tensor '{name}'")
 
-        return TensorRef(meta, read_plain, read_into, span=lambda: (source.name, offset))
+        return TensorRef(meta, read_plain, read_into, span=lambda: (source.held_name(), offset))
 
     def read_quantized() -> torch.Tensor:
         raw = source.array(offset, nbytes, torch.uint8, what=f"tensor '{name}'")

@@ -118,7 +118,7 @@ def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
         def read_into(out: torch.Tensor) -> None:
             source.read_into(start, out, what=f"'{name}'")
 
-        return TensorRef(meta, read, read_into, span=lambda: (source.name, start))
+        return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), start))
     limit = _MAX_RATIO * max(source.size if source is not None else 0, 1 << 20)
     if meta.nbytes > limit:
         raise CorruptCheckpointError(f"'{name}' claims {shape} ({meta.nbytes} bytes), more than "

@@ -308,7 +308,7 @@ def _ref(tensor: _Tensor, source: FileSource, files: _Files, path: Path) -> Tens
     def read_into(out: torch.Tensor) -> None:
         file_source.read_into(offset, out, what=what)
 
-    return TensorRef(meta, read, read_into, span=lambda: (file_source.name, offset))
+    return TensorRef(meta, read, read_into, span=lambda: (file_source.held_name(), offset))
 
 
 def _typed(tensor: _Tensor, meta: TensorMeta, source: FileSource, path: Path) -> TensorRef:

@@ -264,7 +264,7 @@ def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> Tensor
     def read_at(start: int, out: torch.Tensor) -> None:
         source.read_into(offset + start, out, what=f"tensor '{name}'")
 
-    return TensorRef(meta, read, read_into, span=lambda: (source.name, offset),
+    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset),
                      read_box=box_reader(meta.shape, meta.dtype, read_at))
 
 

@@ -111,7 +111,7 @@ class ByteSource:
         if not nbytes:
             return torch.empty(0, dtype=dtype, device="cpu")  # no bytes to map
         raw = self._raw(offset, nbytes)
-        if raw.storage_offset() % itemsize:
+        if raw.data_ptr() % itemsize:  # misaligned in memory: copied, never viewed
             raw = raw.clone()
         return raw.view(dtype)
 
@@ -218,8 +218,12 @@ class FileSource(ByteSource):
     def _descriptor(self) -> int:
         return self.fd
 
-    def _mappable(self) -> str:
-        """A name that opens the held file itself, not whatever is at its path now."""
+    def held_name(self) -> str:
+        """A name that opens the held file itself, not whatever is at its path now.
+
+        ``/proc/self/fd/N`` where the system has it (a tensor's byte range, ``span``, names
+        it, so kernel copies and positioned reads open this file); raises once closed.
+        """
         by_descriptor = f"/proc/self/fd/{self.fd}"
         return by_descriptor if os.path.exists(by_descriptor) else str(self.path)
 
@@ -229,9 +233,11 @@ class FileSource(ByteSource):
             if os.fstat(self.fd).st_size < self.size:
                 raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
-                self._mappable(), shared=False, nbytes=self.size))
+                self.held_name(), shared=False, nbytes=self.size))
+        # A storage of its own viewing these bytes, as torch.load(mmap=True) gives each
+        # storage: a tensor saved later (torch.save, safetensors) holds its bytes, not the file.
         raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
-        raw.set_(storage, offset, (nbytes,), (1,))
+        raw.set_(storage[offset:offset + nbytes], 0, (nbytes,), (1,))
         return raw
 
     def close(self) -> None:
