@@ -65,18 +65,45 @@ def _write_gpt2(folder: Path) -> None:
         torch.save({"x": x, "y": source(x)}, folder / "gpt2_io.pt")
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    folder = tmp_path_factory.mktemp("sharded")
-    _write_sources(folder)
+def _launch(folder: Path, world: int, scenarios: str = "") -> list[dict[str, Any]]:
+    """Run tests/graft/dtensor_ranks.py on ``world`` gloo ranks; each rank's results."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+        [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1",
+        TG_SCENARIOS=scenarios)
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}",
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}",
          "--standalone", str(Path(__file__).with_name("dtensor_ranks.py")), str(folder)],
         env=env, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("sharded")
+    _write_sources(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def ranks(sources: Path) -> list[dict[str, Any]]:
+    return _launch(sources, RANKS)
+
+
+#: What 2 ranks run too (one launch): FSDP2 on meta from a DataParallel .pt, FSDP2 from a
+#: sorted safetensors file, tensor parallel from a sharded HF folder, a broken twin.
+ON_TWO = ("fsdp_meta_pt", "fsdp_safetensors", "tp_meta_hf_folder", "broken_shape")
+
+
+def test_two_ranks_fill_their_shards_too(sources: Path) -> None:
+    ranks = _launch(sources, 2, ",".join(ON_TWO))
+    for rank, results in enumerate(ranks):
+        for name in ON_TWO[:3]:
+            assert results[name].get("ok") and results[name]["exact"], (rank, name, results)
+            assert results[name]["max_diff"] < 1e-6 and results[name]["trained"], (rank, name)
+        assert not results["broken_shape"].get("ok"), (rank, results["broken_shape"])
+    for name in ON_TWO:
+        assert len({(r[name].get("ok"), r[name].get("report")) for r in ranks}) == 1, name
 
 
 FILLED = ["fsdp_meta_pt", "fsdp_safetensors", "tp_meta_hf_folder", "fsdp_tp_grid",
