@@ -226,3 +226,29 @@ def test_inputs_from_a_file(tmp_path: Path) -> None:
     assert report.verdict is Verdict.OK and report.max_abs_diff is not None
     with pytest.raises(tg.TorchgraftError, match="inputs file not found"):
         read_inputs(tmp_path / "missing.safetensors")
+
+
+class _NoForward(nn.Module):
+    """A container of the source model's layout that cannot itself be run."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = nn.ModuleDict({"model": inner})
+
+
+def test_a_target_that_cannot_run_on_generated_inputs_is_not_compared(tmp_path: Path) -> None:
+    """Inputs torchgraft made up that the target cannot take: a warning, not an error."""
+    source = randomise(hf_llama())
+    target = _NoForward(hf_llama())
+    report = tg.graft(_saved(source, tmp_path), target.inner["model"])
+    assert report.verdict is Verdict.OK  # the plain case, for contrast
+    report = tg.graft(_saved(source, tmp_path / "again"), target, rules=[(r"^", "inner.model.")])
+    assert report.verified_with is None
+    assert any("outputs were not compared on inputs generated" in w for w in report.warnings)
+
+
+def test_a_target_that_cannot_run_on_the_callers_inputs_is_an_error(tmp_path: Path) -> None:
+    target = _NoForward(hf_llama())
+    with pytest.raises(tg.TorchgraftError, match="failed on the example inputs"):
+        tg.graft(_saved(randomise(hf_llama()), tmp_path), target, rules=[(r"^", "inner.model.")],
+                 example_inputs=(TOKENS,))

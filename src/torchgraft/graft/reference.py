@@ -40,6 +40,8 @@ class Reference:
         target_call: The grafted model's inputs.
         names: Source keys (as the plan names them) to the reference model's keys.
         origin: What it is, for the report.
+        generated: Whether the inputs were generated (from a config), not the caller's: a
+            model that cannot run on them is not compared, rather than an error.
     """
 
     module: nn.Module
@@ -47,6 +49,7 @@ class Reference:
     target_call: Call
     names: dict[str, str]
     origin: str
+    generated: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[s
     except TorchgraftError as exc:
         _give_up(want, warnings, str(exc))
         return None
-    return Reference(module, calls[0], calls[1], names, origin)
+    return Reference(module, calls[0], calls[1], names, origin, generated=True)
 
 
 def _from_module_config(module: nn.Module) -> Inputs:
