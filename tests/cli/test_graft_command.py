@@ -136,7 +136,11 @@ def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     result = run(*args, "--out", str(tmp_path / "a.pt"))
     assert result.returncode == 3, result.stderr
     assert "graft UNVERIFIED" in result.stdout and "to settle them" in result.stdout
+    assert not (tmp_path / "a.pt").exists() and "--allow-incomplete" in result.stdout
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
+    assert data["out"] is None and not (tmp_path / "b.pt").exists()
+    kept = run(*args, "--out", str(tmp_path / "c.pt"), "--allow-incomplete")
+    assert kept.returncode == 3 and (tmp_path / "c.pt").is_file()
     assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
     assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")

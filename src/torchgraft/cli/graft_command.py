@@ -58,7 +58,8 @@ def _label_map(text: str | None) -> LabelMap | None:
 @click.option("--no-adapt", is_flag=True, help="Copy exact shapes only.")
 @click.option("--strict", is_flag=True, help="Fail if any key is missing or unused.")
 @click.option("--allow-incomplete", is_flag=True,
-              help="Save --out even when the graft is not ok (keys missing, outputs differ).")
+              help="Save --out even when the graft is not ok (keys missing, guesses not "
+                   "verified, outputs differ).")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
@@ -95,8 +96,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
     equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
     key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
-    An incomplete or diverged graft saves nothing unless --allow-incomplete; an unverified one
-    is saved (exit 3).
+    A graft that is not ok (incomplete, unverified or diverged) saves nothing unless
+    --allow-incomplete: settle an unverified one with --verify (and --inputs or
+    --source-model) first.
     """
     from ..graft import GraftError, graft
     from ..graft.inputs import read_inputs
@@ -126,9 +128,11 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, str(exc)
-        if failed is None and not report.complete and not allow_incomplete:
+        if failed is None and not report.ok and not allow_incomplete:
+            settle = ("settle the guesses with --verify (and --inputs or --source-model), or "
+                      if report.complete else "")
             failed = (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
-                      "--allow-incomplete saves it anyway")
+                      f"{settle}--allow-incomplete saves it anyway")
         if failed is None:
             bar.update(task, description="saving", completed=0, total=None)
             save(model, out, overwrite=overwrite,
