@@ -57,3 +57,13 @@ def test_the_readme_graft_headline_is_shown() -> None:
     """The first block shows the graft's headline (the browser test compares the screenshot)."""
     _setup, blocks = readme_blocks()
     assert (shown_output(blocks[0]) or "").startswith("graft ")
+
+
+def test_readme_starts_with_the_demo_and_test_commands_and_ci_runs_the_second() -> None:
+    """The first block of the README is the two commands a new user runs; CI runs the tests'."""
+    text = README.read_text()
+    first = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert first is not None and text.index("```bash") < text.index("\n## ")
+    commands = [line.split("#")[0].strip() for line in first.group(1).splitlines()]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    assert "exec bash scripts/test.sh" in (README.parent / ".ci" / "run").read_text()

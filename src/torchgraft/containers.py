@@ -235,6 +235,10 @@ def to_plain(obj: Any) -> Any:
     return _Plainer().plain(obj, 0)
 
 
+#: What :class:`_Plainer` expands (the rest are leaves).
+_CONTAINERS = (dict, list, tuple, set, frozenset, PickledObject)
+
+
 class _Plainer:
     """One walk of :func:`to_plain`: what was expanded already, and what is being expanded."""
 
@@ -246,17 +250,8 @@ class _Plainer:
     def plain(self, obj: Any, depth: int) -> Any:
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return obj
-        if isinstance(obj, TensorRef):
-            return obj.meta.describe()
-        if isinstance(obj, (bytes, bytearray)):
-            return f"<{len(obj)} bytes>"
-        if isinstance(obj, torch.dtype):
-            return dtype_name(obj)
-        if isinstance(obj, (torch.device, torch.layout, torch.memory_format, complex,
-                            datetime.date, datetime.time, datetime.timedelta)):
-            return str(obj)
-        if not isinstance(obj, (dict, list, tuple, set, frozenset, PickledObject)):
-            return repr(obj)
+        if not isinstance(obj, _CONTAINERS):
+            return self._leaf(obj)
         key = id(obj)
         if key in self.active:
             return "<cycle>"
@@ -271,6 +266,19 @@ class _Plainer:
         finally:
             self.active.discard(key)
             self.done.add(key)
+
+    @staticmethod
+    def _leaf(obj: Any) -> Any:
+        if isinstance(obj, TensorRef):
+            return obj.meta.describe()
+        if isinstance(obj, (bytes, bytearray)):
+            return f"<{len(obj)} bytes>"
+        if isinstance(obj, torch.dtype):
+            return dtype_name(obj)
+        if isinstance(obj, (torch.device, torch.layout, torch.memory_format, complex,
+                            datetime.date, datetime.time, datetime.timedelta)):
+            return str(obj)
+        return repr(obj)
 
     def _container(self, obj: Any, depth: int) -> Any:
         if isinstance(obj, dict):

@@ -704,9 +704,14 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
         start = raw.tell()
         end = raw.seek(0, io.SEEK_END)
         raw.seek(start)
-        stream = _Bounded(raw, end)
-        _check_opcodes(stream, end)
-        stream.seek(start)
+        # A pickle that ends the file within _IN_MEMORY bytes is walked and unpickled from
+        # memory (C reads); a larger rest of a file (a legacy torch file's storages follow its
+        # pickles) through a stream cut at the file's end. Either way no read passes the end.
+        stream: IO[bytes] | _Bounded = (io.BytesIO(raw.read(end - start))
+                                        if end - start <= _IN_MEMORY else _Bounded(raw, end))
+        base = start if isinstance(stream, io.BytesIO) else 0
+        _check_opcodes(stream, end - base)
+        stream.seek(start - base)
         unpickler = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory,
                                    budget=_Budget(end - start))
         try:
@@ -716,7 +721,12 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
                 raise
             raise CorruptCheckpointError(f"the pickle is malformed ({type(exc).__name__}: "
                                          f"{exc})") from exc
+        raw.seek(base + stream.tell())  # the caller reads on from the pickle's end
         return _finish(obj, {})
+
+
+#: The most bytes from a pickle's start to its file's end that are read into memory at once.
+_IN_MEMORY = 64 << 20
 
 
 #: What the unpickler raises on opcodes that do not fit together (``REDUCE`` with arguments
@@ -783,7 +793,7 @@ _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 
 
-def _check_opcodes(stream: _Bounded, end: int) -> None:
+def _check_opcodes(stream: IO[bytes] | _Bounded, end: int) -> None:
     """Refuse lengths and memo indices no pickler writes, before the unpickler acts on them.
 
     Walking the opcodes first (``pickletools``: no object is built) through a stream cut at
