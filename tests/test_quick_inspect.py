@@ -1,4 +1,4 @@
-"""``torchgraft inspect`` of safetensors, NumPy, torch.save state dicts and DCP imports no torch.
+"""``torchgraft inspect`` of safetensors, GGUF, NumPy, torch.save state dicts and DCP: no torch.
 
 One fresh process inspects every file through the command line's entry point and reports
 whether torch was imported; its JSON must equal what :func:`torchgraft.inspect` (the full
@@ -8,6 +8,7 @@ reader) says. Files with anything the quick reader does not know go to the full 
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,10 @@ from torch import nn
 
 import torchgraft as tg
 from tests.helpers import save_on
+from torchgraft.cli.main import main
 from torchgraft.quick_inspect import quick_inspect
+
+GGUF = Path(__file__).parent / "fixtures" / "frameworks" / "gguf"
 
 CHILD = """
 import contextlib, io, json, sys
@@ -58,7 +62,29 @@ def files(tmp_path: Path) -> list[Path]:
     for name, write in written.items():
         write(tmp_path / name)
     _dcp_save(state, tmp_path / "dcp")  # torch.distributed.checkpoint's own writer
-    return [*(tmp_path / name for name in written), tmp_path / "dcp"]
+    ggufs = [GGUF / "llama_mixed.gguf", GGUF / "qwen2_f16.gguf", _gguf_arrays(tmp_path)]
+    return [*(tmp_path / name for name in written), tmp_path / "dcp", *ggufs]
+
+
+def _gguf_arrays(folder: Path) -> Path:
+    """A GGUF file with array metadata of several types, long and short, by gguf-py's writer."""
+    gguf = pytest.importorskip("gguf")
+    path = folder / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_head_count(2)
+    writer.add_embedding_length(8)
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(40)])
+    writer.add_array("test.floats", [0.1, -2.5, 3.0])
+    writer.add_array("test.ints", [-1, 2, 3])
+    writer.add_bool("test.flag", True)
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((8, 8), np.float32))
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), np.float16))
+    writer.add_tensor("extra.table", np.arange(6, dtype=np.int32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
 
 
 def _dcp_save(state: object, folder: Path) -> None:
@@ -82,6 +108,32 @@ def test_inspect_imports_no_torch_and_says_what_the_full_reader_says(files: list
         assert got["info"] == json.loads(json.dumps(tg.inspect(path).to_dict())), path.name
     assert data["results"][2]["info"]["saved_devices"] == ["cuda:1"]
     assert data["results"][2]["info"]["wrappers"][0]["prefix"] == "module."
+    llama = data["results"][-3]["info"]
+    assert llama["format"] == "gguf" and llama["by_dtype"]["float32"]["tensors"] == 20
+    assert llama["extras"]["__metadata__"]["quantization"]["Q4_K"] == 4
+    arrays = data["results"][-1]["info"]["extras"]["__metadata__"]["metadata"]
+    assert arrays["tokenizer.ggml.tokens"] == "<40 items>"
+    assert arrays["test.ints"] == [-1, 2, 3] and arrays["test.flag"] is True
+
+
+def test_a_damaged_gguf_goes_to_the_full_reader_and_is_its_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = (GGUF / "llama_mixed.gguf").read_bytes()
+    broken = {
+        "cut10.gguf": data[:10], "cut200.gguf": data[:200], "cut_data.gguf": data[:-1000],
+        "no_heads.gguf": data.replace(b"llama.attention.head_count", b"llama.attention.head_cnt_xx",
+                                      1),
+        "huge_count.gguf": b"GGUF" + struct.pack("<IQQ", 3, 2**40, 0) + bytes(64),
+        "version_9.gguf": b"GGUF" + struct.pack("<IQQ", 9, 0, 0) + bytes(64),
+    }
+    for name, content in broken.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert quick_inspect(path) is None, name
+        with pytest.raises(tg.TorchgraftError):
+            tg.inspect(path)
+        assert main(["inspect", str(path)]) == 2, name
+        assert name in capsys.readouterr().err, name
 
 
 def test_anything_unusual_goes_to_the_full_reader(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """``torchgraft inspect`` without importing torch, for files whose metadata needs none.
 
 ``import torch`` is most of a command's start-up (1.5-2 s on a small machine). A safetensors
-header, a NumPy ``.npy``/``.npz`` header, the pickle of a ``torch.save`` state dict (read by a
-restricted unpickler that knows only how torch rebuilds plain tensors) and a DCP folder's
-``.metadata`` (DCP's classes read as inert records) say everything ``inspect`` shows.
+header, a GGUF header (:mod:`torchgraft.gguf_header`), a NumPy ``.npy``/``.npz`` header, the
+pickle of a ``torch.save`` state dict (read by a restricted unpickler that knows only how torch
+rebuilds plain tensors) and a DCP folder's ``.metadata`` (DCP's classes read as inert records)
+say everything ``inspect`` shows.
 Anything else, or anything at all unusual in those files (training checkpoints with extras,
 quantized tensors, aliases, a header the full reader would reject), returns ``None``: the full
 reader then runs, with its checks and its errors. The summary is the one
@@ -15,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import pickle
 import struct
 import zipfile
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .gguf_header import MAGIC as GGUF_MAGIC
+from .gguf_header import plan as gguf_plan
 from .inspect import BUFFER_NAMES, CheckpointInfo, DtypeTotals
 from .wrappers import detect_wrappers
 
@@ -341,6 +345,32 @@ def _torch_zip(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     return dict(root), {}, "torch-zip"
 
 
+class _BoundedFile:
+    """Positioned reads of a file, each range checked against its size (for the GGUF header)."""
+
+    def __init__(self, path: Path, size: int, fd: int) -> None:
+        self.name, self.size, self.fd = str(path), size, fd
+
+    def check_range(self, offset: int, nbytes: int, *, what: str) -> None:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise _NotQuick
+
+    def read(self, offset: int, nbytes: int, *, what: str = "data") -> bytes:
+        self.check_range(offset, nbytes, what=what)
+        data = os.pread(self.fd, nbytes, offset)
+        if len(data) != nbytes:
+            raise _NotQuick
+        return data
+
+
+def _gguf(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
+    with path.open("rb") as f:
+        contents = gguf_plan(_BoundedFile(path, os.fstat(f.fileno()).st_size, f.fileno()))
+    tensors = {name: QuickMeta(t.shape, t.dtype or "float32")
+               for name, t in contents.tensors.items()}
+    return tensors, {"__metadata__": contents.metadata}, "gguf"
+
+
 _READERS: tuple[tuple[Callable[[bytes, str], bool],
                       Callable[[Path], tuple[dict[str, QuickMeta], dict[str, Any], str]]], ...] = (
     (lambda head, name: head[:4] == b"PK\x03\x04" and not name.endswith((".npz", ".pt2")),
@@ -348,6 +378,7 @@ _READERS: tuple[tuple[Callable[[bytes, str], bool],
     (lambda head, name: head[:6] == b"\x93NUMPY" or (head[:4] == b"PK\x03\x04"
                                                     and name.endswith(".npz")), _numpy),
     (lambda head, name: len(head) >= 10 and head[8:9] == b"{", _safetensors),
+    (lambda head, name: head[:4] == GGUF_MAGIC, _gguf),
 )
 
 

@@ -15,15 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
-from typing import Any
 
 import torch
 
 from ..errors import CorruptCheckpointError, MissingDependencyError
 from ..meta import TensorMeta, TensorRef
 
-__all__ = ["ATTENTION_PROJECTIONS", "LAYOUT_OPS", "Leaf", "import_optional", "plain_metadata",
-           "record_head_dim", "relaid", "rename", "torch_layout"]
+__all__ = ["ATTENTION_PROJECTIONS", "LAYOUT_OPS", "Leaf", "import_optional",
+           "record_head_dim", "relaid", "torch_layout"]
 
 
 def import_optional(module: str, *, extra: str, feature: str) -> ModuleType:
@@ -206,34 +205,3 @@ def relaid(ref: TensorRef, op: str | None, *, name: str, path: str) -> TensorRef
         out.copy_(apply(stored_copy()))
 
     return TensorRef(TensorMeta.of(shape, ref.meta.dtype), read, read_into)
-
-
-def rename(name: str, table: Sequence[tuple[re.Pattern[str], str]]) -> str:
-    """Rename by the first pattern of a table that matches the whole name (else keep it).
-
-    Args:
-        name: A name.
-        table: Patterns and replacements (``re`` syntax).
-
-    Returns:
-        The new name.
-    """
-    for pattern, replacement in table:
-        if pattern.fullmatch(name):
-            return pattern.sub(replacement, name)
-    return name
-
-
-def plain_metadata(value: Any, *, limit: int = 16) -> Any:
-    """A metadata value fit for a report: long lists summarised by their length.
-
-    Args:
-        value: A value read from a file's metadata.
-        limit: Lists longer than this are summarised.
-
-    Returns:
-        The value, or ``"<N items>"``.
-    """
-    if isinstance(value, list) and len(value) > limit:
-        return f"<{len(value)} items>"
-    return value

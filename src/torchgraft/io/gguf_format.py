@@ -1,9 +1,10 @@
 """GGUF, llama.cpp's format: a header, typed metadata, tensor infos, then aligned tensor data.
 
-The header is parsed here rather than with the ``gguf`` package's reader, which maps the whole
-file and builds every metadata array as numpy objects: this parser checks each count, length
-and offset against the file before it reads or allocates, and walks nested arrays to a fixed
-depth. Float tensors are memory-mapped; quantized ones (Q8_0, Q4_0, Q4_K, Q6_K...) are
+The header is parsed and the tensors planned by :mod:`torchgraft.gguf_header` (torch-free,
+so ``inspect`` reads it without torch) rather than with the ``gguf`` package's reader, which
+maps the whole file and builds every metadata array as numpy objects: that parser checks each
+count, length and offset against the file before it reads or allocates, and walks nested arrays
+to a fixed depth. Float tensors are memory-mapped; quantized ones (Q8_0, Q4_0, Q4_K, Q6_K...) are
 dequantized to float32 on read with the ``gguf`` package's numpy code (an optional extra).
 
 llama.cpp's names (``blk.N.attn_q``) are renamed to transformers' (``model.layers.N.self_attn.
@@ -14,154 +15,18 @@ file's metadata states.
 
 from __future__ import annotations
 
-import re
-import struct
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..gguf_header import MAGIC, GgufTensor, plan
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
-from .framework import import_optional, plain_metadata, rename
+from .framework import import_optional
 from .source import FileSource
 
-__all__ = ["FORMAT", "GGML_TYPES", "unpermute_rotary"]
-
-_MAGIC = b"GGUF"
-_MAX_DEPTH = 3  # arrays of arrays of scalars at most
-_MAX_DIMS = 8
-_DEFAULT_ALIGNMENT = 32
-
-#: GGML tensor types: id to (name, elements per block, bytes per block, torch dtype when the
-#: bytes are plain values, else ``None``: dequantized to float32).
-GGML_TYPES: dict[int, tuple[str, int, int, torch.dtype | None]] = {
-    0: ("F32", 1, 4, torch.float32), 1: ("F16", 1, 2, torch.float16),
-    2: ("Q4_0", 32, 18, None), 3: ("Q4_1", 32, 20, None), 6: ("Q5_0", 32, 22, None),
-    7: ("Q5_1", 32, 24, None), 8: ("Q8_0", 32, 34, None), 9: ("Q8_1", 32, 40, None),
-    10: ("Q2_K", 256, 84, None), 11: ("Q3_K", 256, 110, None), 12: ("Q4_K", 256, 144, None),
-    13: ("Q5_K", 256, 176, None), 14: ("Q6_K", 256, 210, None), 15: ("Q8_K", 256, 292, None),
-    24: ("I8", 1, 1, torch.int8), 25: ("I16", 1, 2, torch.int16),
-    26: ("I32", 1, 4, torch.int32), 27: ("I64", 1, 8, torch.int64),
-    28: ("F64", 1, 8, torch.float64), 30: ("BF16", 1, 2, torch.bfloat16),
-}
-
-# Metadata value types: id to struct code (scalars); 8 is a string, 9 an array.
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
-            12: "d"}
-_STRING, _ARRAY = 8, 9
-
-#: llama.cpp's tensor names to transformers', per layer (``blk.N.``) and global.
-_NAMES = tuple((re.compile(p), r) for p, r in (
-    (r"token_embd\.(weight)", r"model.embed_tokens.\1"),
-    (r"output_norm\.(weight|bias)", r"model.norm.\1"),
-    (r"output\.(weight|bias)", r"lm_head.\1"),
-    (r"blk\.(\d+)\.attn_norm\.(weight|bias)", r"model.layers.\1.input_layernorm.\2"),
-    (r"blk\.(\d+)\.attn_q\.(weight|bias)", r"model.layers.\1.self_attn.q_proj.\2"),
-    (r"blk\.(\d+)\.attn_k\.(weight|bias)", r"model.layers.\1.self_attn.k_proj.\2"),
-    (r"blk\.(\d+)\.attn_v\.(weight|bias)", r"model.layers.\1.self_attn.v_proj.\2"),
-    (r"blk\.(\d+)\.attn_output\.(weight|bias)", r"model.layers.\1.self_attn.o_proj.\2"),
-    (r"blk\.(\d+)\.attn_q_norm\.(weight)", r"model.layers.\1.self_attn.q_norm.\2"),
-    (r"blk\.(\d+)\.attn_k_norm\.(weight)", r"model.layers.\1.self_attn.k_norm.\2"),
-    (r"blk\.(\d+)\.ffn_norm\.(weight|bias)", r"model.layers.\1.post_attention_layernorm.\2"),
-    (r"blk\.(\d+)\.ffn_gate\.(weight)", r"model.layers.\1.mlp.gate_proj.\2"),
-    (r"blk\.(\d+)\.ffn_up\.(weight)", r"model.layers.\1.mlp.up_proj.\2"),
-    (r"blk\.(\d+)\.ffn_down\.(weight)", r"model.layers.\1.mlp.down_proj.\2"),
-))
-
-#: Architectures whose llama.cpp converter interleaves q and k rows for its rotary kernel
-#: (``LlamaModel.permute``); the others (qwen2, qwen3...) keep transformers' order.
-_ROTARY_PERMUTED = frozenset({"llama", "mistral", "granite"})
-_ROTARY_TARGETS = {re.compile(r".*\.self_attn\.q_proj\.(weight|bias)"): "head_count",
-                   re.compile(r".*\.self_attn\.k_proj\.(weight|bias)"): "head_count_kv"}
-
-
-class _Reader:
-    """Bounded sequential reads of the header (all of it before the data section)."""
-
-    def __init__(self, source: FileSource) -> None:
-        self.source = source
-        self.pos = 0
-
-    def unpack(self, code: str, what: str) -> Any:
-        size = struct.calcsize("<" + code)
-        (value,) = struct.unpack("<" + code, self.source.read(self.pos, size, what=what))
-        self.pos += size
-        return value
-
-    def count(self, what: str, item_bytes: int) -> int:
-        """A count, checked against the bytes left (each item takes at least ``item_bytes``)."""
-        value = int(self.unpack("Q", what))
-        if value * item_bytes > self.source.size - self.pos:
-            raise CorruptCheckpointError(f"{what} is {value}, more than the file can hold",
-                                         path=self.source.name)
-        return value
-
-    def string(self, what: str) -> str:
-        length = self.count(f"the length of {what}", 1)
-        raw = self.source.read(self.pos, length, what=what)
-        self.pos += length
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CorruptCheckpointError(f"{what} is not UTF-8", path=self.source.name) from None
-
-    def value(self, kind: int, what: str, depth: int = 0) -> Any:
-        if kind in _SCALARS:
-            return self.unpack(_SCALARS[kind], what)
-        if kind == _STRING:
-            return self.string(what)
-        if kind != _ARRAY:
-            raise CorruptCheckpointError(f"{what} has unknown value type {kind}",
-                                         path=self.source.name)
-        if depth >= _MAX_DEPTH:
-            raise CorruptCheckpointError(f"{what} nests arrays more than {_MAX_DEPTH} deep",
-                                         path=self.source.name)
-        item = int(self.unpack("I", f"the item type of {what}"))
-        size = struct.calcsize("<" + _SCALARS[item]) if item in _SCALARS else 8
-        length = self.count(f"the length of {what}", size)
-        if item in _SCALARS:
-            raw = self.source.read(self.pos, length * size, what=what)
-            self.pos += length * size
-            return np.frombuffer(raw, dtype="<" + _SCALARS[item]).tolist()
-        return [self.value(item, what, depth + 1) for _ in range(length)]
-
-
-def _header(source: FileSource) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int,
-                                                                         int]], int]:
-    """The metadata, the tensor infos (name, numpy shape, type, offset) and the data start."""
-    reader = _Reader(source)
-    if source.read(0, 4, what="the magic") != _MAGIC:
-        raise CorruptCheckpointError("not a GGUF file (no GGUF magic)", path=source.name)
-    reader.pos = 4
-    version = reader.unpack("I", "the version")
-    if version not in (2, 3):
-        raise UnsupportedCheckpointError(f"GGUF version {version} is not read (2 and 3 are)",
-                                         path=source.name)
-    tensor_count = reader.count("the tensor count", 24)
-    kv_count = reader.count("the metadata count", 12)
-    metadata: dict[str, Any] = {}
-    for _ in range(kv_count):
-        key = reader.string("a metadata key")
-        kind = reader.unpack("I", f"the type of metadata '{key}'")
-        metadata[key] = reader.value(kind, f"metadata '{key}'")
-    infos = []
-    for _ in range(tensor_count):
-        name = reader.string("a tensor name")
-        ndim = reader.unpack("I", f"the dimensions of tensor '{name}'")
-        if not 1 <= ndim <= _MAX_DIMS:
-            raise CorruptCheckpointError(f"tensor '{name}' has {ndim} dimensions", path=source.name)
-        dims = tuple(reader.unpack("Q", f"a dimension of '{name}'") for _ in range(ndim))
-        kind = reader.unpack("I", f"the type of tensor '{name}'")
-        offset = reader.unpack("Q", f"the offset of tensor '{name}'")
-        infos.append((name, dims[::-1], kind, offset))
-    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or not 1 <= alignment <= 1 << 20:
-        raise CorruptCheckpointError(f"general.alignment is {alignment!r}", path=source.name)
-    start = -(-reader.pos // alignment) * alignment
-    return metadata, infos, start
+__all__ = ["FORMAT", "unpermute_rotary"]
 
 
 def unpermute_rotary(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -186,21 +51,10 @@ def _dequantize(raw: torch.Tensor, kind: str, shape: tuple[int, ...]) -> torch.T
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(shape)
 
 
-def _ref(source: FileSource, name: str, shape: tuple[int, ...], kind: int,
-         offset: int) -> TensorRef:
-    if kind not in GGML_TYPES:
-        raise UnsupportedCheckpointError(f"tensor '{name}' has GGML type {kind}, not read yet",
-                                         path=source.name)
-    type_name, block, block_bytes, dtype = GGML_TYPES[kind]
-    if shape[-1] % block:
-        raise CorruptCheckpointError(f"tensor '{name}' ({type_name}) has rows of {shape[-1]} "
-                                     f"elements, not whole blocks of {block}", path=source.name)
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    nbytes = numel // block * block_bytes
-    source.check_range(offset, nbytes, what=f"tensor '{name}'")
-    if dtype is not None:
+def _ref(source: FileSource, tensor: GgufTensor) -> TensorRef:
+    name, shape, offset, nbytes = tensor.name, tensor.shape, tensor.offset, tensor.nbytes
+    if tensor.dtype is not None:
+        dtype = getattr(torch, tensor.dtype)
         meta = TensorMeta.of(shape, dtype)
 
         def read_plain() -> torch.Tensor:
@@ -209,70 +63,27 @@ def _ref(source: FileSource, name: str, shape: tuple[int, ...], kind: int,
         def read_into(out: torch.Tensor) -> None:
             source.read_into(offset, out, what=f"tensor '{name}'")
 
-        return TensorRef(meta, read_plain, read_into, span=lambda: (source.held_name(), offset))
+        ref = TensorRef(meta, read_plain, read_into, span=lambda: (source.held_name(), offset))
+    else:
+        def read_quantized() -> torch.Tensor:
+            raw = source.array(offset, nbytes, torch.uint8, what=f"tensor '{name}'")
+            return _dequantize(raw, tensor.type_name, shape)
 
-    def read_quantized() -> torch.Tensor:
-        raw = source.array(offset, nbytes, torch.uint8, what=f"tensor '{name}'")
-        return _dequantize(raw, type_name, shape)
-
-    return TensorRef(TensorMeta.of(shape, torch.float32), read_quantized)
-
-
-def _unpermuted(ref: TensorRef, heads: int, name: str, path: str) -> TensorRef:
-    rows = ref.meta.shape[0]
-    if heads <= 0 or rows % (2 * heads):
-        raise CorruptCheckpointError(f"'{name}' has {rows} rows, which {heads} heads with rotary "
-                                     "halves cannot split", path=path)
+        ref = TensorRef(TensorMeta.of(shape, torch.float32), read_quantized)
+    heads = tensor.heads
+    if heads is None:
+        return ref
     return TensorRef(ref.meta, lambda: unpermute_rotary(ref.read(), heads).contiguous())
-
-
-def _head_dims(metadata: dict[str, Any], arch: str, root: dict[str, Any]) -> dict[str, int]:
-    """Each attention module's head size, as the file's metadata states it."""
-    heads = metadata.get(f"{arch}.attention.head_count")
-    width = metadata.get(f"{arch}.embedding_length")
-    size = metadata.get(f"{arch}.attention.key_length")
-    if not isinstance(size, int):
-        if not isinstance(heads, int) or not isinstance(width, int) or heads <= 0:
-            return {}
-        size = width // heads
-    return {name.rsplit(".", 2)[0]: size for name in root
-            if name.endswith(".self_attn.q_proj.weight")}
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
-    metadata, infos, start = _header(source)
-    arch = str(metadata.get("general.architecture", ""))
-    permuted = arch in _ROTARY_PERMUTED
-    root: dict[str, Any] = {}
-    types: dict[str, int] = {}
-    for name, shape, kind, offset in infos:
-        ref = _ref(source, name, shape, kind, start + offset)
-        new = rename(name, _NAMES)
-        if permuted:
-            for pattern, key in _ROTARY_TARGETS.items():
-                if pattern.fullmatch(new):
-                    heads = metadata.get(f"{arch}.attention.{key}",
-                                         metadata.get(f"{arch}.attention.head_count"))
-                    if not isinstance(heads, int):
-                        raise CorruptCheckpointError(
-                            f"'{name}' stores rotary rows interleaved, and the metadata lacks "
-                            f"{arch}.attention.{key} to undo it", path=path)
-                    ref = _unpermuted(ref, heads, name, str(path))
-        if new in root:
-            raise CorruptCheckpointError(f"tensor '{name}' is stored twice", path=path)
-        root[new] = ref
-        type_name = GGML_TYPES[kind][0]
-        types[type_name] = types.get(type_name, 0) + 1
-    root["__metadata__"] = {
-        "framework": "gguf", "architecture": arch, "head_dims": _head_dims(metadata, arch, root),
-        "layout": ("llama.cpp names renamed to transformers'"
-                   + (", q/k rotary rows un-interleaved" if permuted else "")),
-        "quantization": types,
-        "metadata": {k: plain_metadata(v) for k, v in metadata.items()},
-    }
+    contents = plan(source)
+    root: dict[str, object] = {new: _ref(source, tensor)
+                               for new, tensor in contents.tensors.items()}
+    root["__metadata__"] = contents.metadata
     return Contents("gguf", path, root, [source.close])
 
 
 FORMAT = Format(name="gguf", open=_open, suffixes=(".gguf",),
-                magic=lambda head: head.startswith(_MAGIC))
+                magic=lambda head: head.startswith(MAGIC))
