@@ -38,8 +38,7 @@ def _writer(rank: int, directory: str, port: int) -> None:
         "steps": full["steps"],
     }
     dcp.save({"model": model, "epoch": 7, "config": {"lr": 0.1}}, checkpoint_id=directory)
-    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
-    dist.destroy_process_group()
+    leave()
 
 
 def fsdp2_model() -> torch.nn.Module:
@@ -73,8 +72,7 @@ def _fsdp2_writer(rank: int, directory: str, port: int) -> None:
                                                                  cpu_offload=True))
     if rank == 0:
         torch.save(full, Path(directory).parent / "reference.pt")
-    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
-    dist.destroy_process_group()
+    leave()
 
 
 def write_fsdp2(directory: Path) -> Path:
@@ -84,6 +82,22 @@ def write_fsdp2(directory: Path) -> Path:
     """
     mp.spawn(_fsdp2_writer, args=(str(directory), free_port()), nprocs=WORLD, join=True)
     return directory
+
+
+def leave() -> None:
+    """End a spawned rank: all ranks meet, the group goes, the process exits 0 at once.
+
+    gloo aborts a rank that tears down alone, and now and then a C++ destructor at interpreter
+    exit calls ``std::terminate`` (SIGABRT) after every result is written: the rank exits
+    without running them.
+    """
+    import sys
+
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
-from tests.dcp_writer import WORLD, free_port
+from tests.dcp_writer import WORLD, free_port, leave
 
 FULL = {"w": torch.arange(48.0).reshape(8, 6), "v": torch.arange(30.0).reshape(3, 10),
         "b": torch.arange(5.0)}
@@ -32,8 +32,7 @@ def _load(rank: int, path: str, port: int, results: str) -> None:
     dcp.load(state, storage_reader=CheckpointReader(path))
     torch.save({"w": state["w"].to_local(), "v": state["v"].to_local(), "b": state["b"]},
                f"{results}/rank{rank}.pt")
-    dist.barrier()  # both ranks done before the group goes: gloo aborts on a lone teardown
-    dist.destroy_process_group()
+    leave()
 
 
 def test_single_file_into_two_ranks(tmp_path: Path) -> None:
