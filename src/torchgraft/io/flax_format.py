@@ -32,7 +32,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions
 from .framework import ATTENTION_PROJECTIONS, Leaf, record_head_dim, relaid, torch_layout
-from .source import FileSource
+from .source import FileSource, plain_ref
 
 __all__ = ["FORMAT", "LEAVES"]
 
@@ -223,15 +223,7 @@ def _array_ref(source: FileSource, array: _Array, where: str, *, layer: int | No
     if layer is not None:
         shape = array.shape[1:]
         offset += layer * math.prod(shape) * dtype.itemsize
-    meta = TensorMeta.of(shape, dtype)
-
-    def read() -> torch.Tensor:
-        return source.array(offset, meta.nbytes, dtype, what=f"'{where}'").view(shape)
-
-    def read_into(out: torch.Tensor) -> None:
-        source.read_into(offset, out, what=f"'{where}'")
-
-    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset))
+    return plain_ref(source, offset, TensorMeta.of(shape, dtype), what=f"'{where}'")
 
 
 def _chunked_ref(source: FileSource, node: dict[str, Any], where: str) -> TensorRef:

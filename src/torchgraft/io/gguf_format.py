@@ -24,7 +24,7 @@ from ..gguf_header import MAGIC, GgufTensor, plan
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
 from .framework import import_optional
-from .source import FileSource
+from .source import FileSource, plain_ref
 
 __all__ = ["FORMAT", "unpermute_rotary"]
 
@@ -54,16 +54,8 @@ def _dequantize(raw: torch.Tensor, kind: str, shape: tuple[int, ...]) -> torch.T
 def _ref(source: FileSource, tensor: GgufTensor) -> TensorRef:
     name, shape, offset, nbytes = tensor.name, tensor.shape, tensor.offset, tensor.nbytes
     if tensor.dtype is not None:
-        dtype = getattr(torch, tensor.dtype)
-        meta = TensorMeta.of(shape, dtype)
-
-        def read_plain() -> torch.Tensor:
-            return source.array(offset, nbytes, dtype, what=f"tensor '{name}'").view(shape)
-
-        def read_into(out: torch.Tensor) -> None:
-            source.read_into(offset, out, what=f"tensor '{name}'")
-
-        ref = TensorRef(meta, read_plain, read_into, span=lambda: (source.held_name(), offset))
+        ref = plain_ref(source, offset, TensorMeta.of(shape, getattr(torch, tensor.dtype)),
+                        what=f"tensor '{name}'")
     else:
         def read_quantized() -> torch.Tensor:
             raw = source.array(offset, nbytes, torch.uint8, what=f"tensor '{name}'")

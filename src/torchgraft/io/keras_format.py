@@ -40,7 +40,7 @@ from .framework import (
     relaid,
     torch_layout,
 )
-from .source import FileSource
+from .source import FileSource, plain_ref
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
 from .window import Window, WindowStream
 
@@ -111,14 +111,7 @@ def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
     if plain and source is not None:
         start = base + int(offset)
         source.check_range(start, meta.nbytes, what=f"'{name}'")
-
-        def read() -> torch.Tensor:
-            return source.array(start, meta.nbytes, torch_dtype, what=f"'{name}'").view(shape)
-
-        def read_into(out: torch.Tensor) -> None:
-            source.read_into(start, out, what=f"'{name}'")
-
-        return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), start))
+        return plain_ref(source, start, meta, what=f"'{name}'")
     limit = _MAX_RATIO * max(source.size if source is not None else 0, 1 << 20)
     if meta.nbytes > limit:
         raise CorruptCheckpointError(f"'{name}' claims {shape} ({meta.nbytes} bytes), more than "

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
-from ..meta import TensorMeta, TensorRef
+from ..meta import TensorMeta
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error, unwritable
-from .boxes import box_reader
 from .copy import FileCopier
-from .source import ByteSource, FileSource
+from .source import ByteSource, FileSource, plain_ref
 
 __all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "WEIGHTS_KEY", "read_header",
            "write"]
@@ -128,7 +127,8 @@ def _root(source: FileSource, path: Path) -> dict[str, Any]:
     root: dict[str, Any] = {}
     for name, entry in entries.items():
         meta = TensorMeta.of(tuple(entry["shape"]), DTYPES[entry["dtype"]])
-        root[name] = _ref(source, start + entry["data_offsets"][0], meta, name)
+        root[name] = plain_ref(source, start + entry["data_offsets"][0], meta,
+                               what=f"tensor '{name}'")
     aliases = _json_entry(metadata, ALIASES_KEY, path)
     for alias, written in aliases.items():
         if written not in root:
@@ -251,21 +251,6 @@ def _copy_spans(copier: FileCopier, spans: list[tuple[str, str, int, int]],
 
     with ThreadPoolExecutor(max(1, len(batches))) as pool:
         return [name for failed in pool.map(run, batches) for name in failed]
-
-
-def _ref(source: FileSource, offset: int, meta: TensorMeta, name: str) -> TensorRef:
-    def read() -> torch.Tensor:
-        return source.array(offset, meta.nbytes, meta.dtype, what=f"tensor '{name}'").view(
-            meta.shape)
-
-    def read_into(out: torch.Tensor) -> None:
-        source.read_into(offset, out, what=f"tensor '{name}'")
-
-    def read_at(start: int, out: torch.Tensor) -> None:
-        source.read_into(offset + start, out, what=f"tensor '{name}'")
-
-    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset),
-                     read_box=box_reader(meta.shape, meta.dtype, read_at))
 
 
 FORMAT = Format(name="safetensors", open=_open, suffixes=(".safetensors",), magic=_magic,

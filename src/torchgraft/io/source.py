@@ -16,6 +16,8 @@ import torch
 
 from ..bounds import check_view
 from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
+from ..meta import TensorMeta, TensorRef
+from .boxes import box_reader
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
            "released_on_failure", "strided"]
@@ -302,3 +304,31 @@ def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
     if math.prod(shape) == 0:
         return flat.new_empty(shape)
     return flat.as_strided(shape, stride, flat.storage_offset() + offset)
+
+
+def plain_ref(source: FileSource, offset: int, meta: TensorMeta, *, what: str) -> TensorRef:
+    """A lazy tensor stored plainly (row-major, native order) at ``offset`` of ``source``.
+
+    Reads go through the held file's checked reads: the whole tensor, straight into a
+    destination (``read_into``), or one block of it (``read_box``, a sharded target's part).
+
+    Args:
+        source: The open file.
+        offset: Where the tensor's bytes start.
+        meta: Its shape and dtype.
+        what: Named in errors (e.g. ``"tensor 'fc.weight'"``).
+
+    Returns:
+        The reference.
+    """
+    def read() -> torch.Tensor:
+        return source.array(offset, meta.nbytes, meta.dtype, what=what).view(meta.shape)
+
+    def read_into(out: torch.Tensor) -> None:
+        source.read_into(offset, out, what=what)
+
+    def read_at(start: int, out: torch.Tensor) -> None:
+        source.read_into(offset + start, out, what=what)
+
+    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset),
+                     read_box=box_reader(meta.shape, meta.dtype, read_at))
