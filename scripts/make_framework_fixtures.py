@@ -209,6 +209,21 @@ def _randomise_keras(model: Any, rng: np.random.Generator) -> None:
         variable.assign(value)
 
 
+def _legacy_cnn(seed: int, rng: np.random.Generator) -> Any:
+    """tf.keras Sequential (tests' LegacyNet): Conv2D, BatchNormalization, Flatten, Dense."""
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(seed)
+    model = tf_keras.Sequential([
+        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+        tf_keras.layers.BatchNormalization(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(5),
+    ])
+    _randomise_keras(model, rng)
+    return model
+
+
 def make_keras() -> None:
     """Keras 3, tf.keras and transformers' TF models, saved by their own functions.
 
@@ -219,7 +234,6 @@ def make_keras() -> None:
     import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
-    import tf_keras
     from transformers import BertConfig, TFBertModel
 
     out = OUT / "keras"
@@ -253,14 +267,7 @@ def make_keras() -> None:
     attention.save(out / "attention.keras")
     np.savez(out / "attention_io.npz", ids=ids, y=np.asarray(attention(ids)))
 
-    tf_keras.utils.set_random_seed(0)
-    legacy = tf_keras.Sequential([
-        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
-        tf_keras.layers.BatchNormalization(),
-        tf_keras.layers.Flatten(),
-        tf_keras.layers.Dense(5),
-    ])
-    _randomise_keras(legacy, rng)
+    legacy = _legacy_cnn(0, rng)
     legacy.save_weights(str(out / "legacy.h5"))
     np.savez(out / "legacy_io.npz", x=image, y=legacy(image, training=False).numpy())
 
@@ -289,18 +296,10 @@ def make_keras_full() -> None:
     """
     import os
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tf_keras
 
     out = OUT / "keras"
     rng = np.random.default_rng(1)
-    tf_keras.utils.set_random_seed(1)
-    model = tf_keras.Sequential([
-        tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
-        tf_keras.layers.BatchNormalization(),
-        tf_keras.layers.Flatten(),
-        tf_keras.layers.Dense(5),
-    ])
-    _randomise_keras(model, rng)
+    model = _legacy_cnn(1, rng)
     model.save(str(out / "legacy_full.h5"))
     image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
     np.savez(out / "legacy_full_io.npz", x=image, y=model(image, training=False).numpy())
