@@ -5,6 +5,7 @@ Each subcommand runs in the environment that has its framework, never torchgraft
     python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
     /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
+    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
 
 Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
@@ -311,20 +312,9 @@ def make_keras_full() -> None:
 
 # --- Flax -----------------------------------------------------------------------------------
 
-def make_flax() -> None:
-    """Flax linen models and transformers' FlaxBertModel, saved by Flax's own functions.
-
-    flax.serialization.to_bytes for the linen models, save_pretrained (flax_model.msgpack) for
-    FlaxBertModel; outputs for fixed inputs beside each.
-    """
+def _flax_cases(rng: np.random.Generator) -> dict[str, tuple[Any, np.ndarray]]:
+    """The linen test models (tests/io/test_flax.py's twins), each with its input."""
     import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    from flax import serialization
-
-    out = OUT / "flax"
-    out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
 
     class CNN(nn.Module):
         @nn.compact
@@ -356,21 +346,40 @@ def make_flax() -> None:
             x, _ = blocks(name="blocks")(x, None)
             return nn.Dense(2, name="out")(x)
 
-    def randomise(variables: Any) -> Any:
-        def one(path: Any, leaf: Any) -> Any:
-            value = rng.standard_normal(leaf.shape).astype(np.float32) * 0.5
-            if "var" in str(path[-1]):
-                value = np.abs(value) + 0.5
-            return jnp.asarray(value)
-        return jax.tree_util.tree_map_with_path(one, variables)
-
-    cases = {
+    return {
         "cnn": (CNN(), rng.standard_normal((2, 8, 8, 3)).astype(np.float32)),
         "attention": (Attention(), rng.integers(0, 10, (2, 5)).astype(np.int32)),
         "scan": (Stack(), rng.standard_normal((2, 4)).astype(np.float32)),
     }
-    for name, (module, x) in cases.items():
-        variables = randomise(module.init(jax.random.PRNGKey(0), x))
+
+
+def _flax_variables(module: Any, x: np.ndarray, rng: np.random.Generator) -> Any:
+    """A linen module's variables, every one random (variances positive)."""
+    import jax
+    import jax.numpy as jnp
+
+    def one(path: Any, leaf: Any) -> Any:
+        value = rng.standard_normal(leaf.shape).astype(np.float32) * 0.5
+        if "var" in str(path[-1]):
+            value = np.abs(value) + 0.5
+        return jnp.asarray(value)
+
+    return jax.tree_util.tree_map_with_path(one, module.init(jax.random.PRNGKey(0), x))
+
+
+def make_flax() -> None:
+    """Flax linen models and transformers' FlaxBertModel, saved by Flax's own functions.
+
+    flax.serialization.to_bytes for the linen models, save_pretrained (flax_model.msgpack) for
+    FlaxBertModel; outputs for fixed inputs beside each.
+    """
+    from flax import serialization
+
+    out = OUT / "flax"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name, (module, x) in _flax_cases(rng).items():
+        variables = _flax_variables(module, x, rng)
         (out / f"{name}.msgpack").write_bytes(serialization.to_bytes(variables))
         np.savez(out / f"{name}_io.npz", x=x, y=np.asarray(module.apply(variables, x)))
 
@@ -387,6 +396,81 @@ def make_flax() -> None:
             "saved with flax.serialization.to_bytes; transformers FlaxBertModel.save_pretrained "
             "(flax_model.msgpack); *_io.npz: the framework's outputs",
             ["jax", "flax", "transformers", "numpy"])
+
+
+# --- Orbax ---------------------------------------------------------------------------------
+
+def _nnx_net() -> Any:
+    """A Flax NNX model (tests/io/test_orbax.py's NnxNet): Conv, BatchNorm, Linear list, head."""
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.conv = nnx.Conv(3, 4, (3, 3), padding="VALID", rngs=rngs)
+            self.bn = nnx.BatchNorm(4, use_running_average=True, rngs=rngs)
+            self.blocks = nnx.List([nnx.Linear(4, 4, rngs=rngs) for _ in range(2)])
+            self.norm = nnx.LayerNorm(4, rngs=rngs)
+            self.head = nnx.Linear(4, 3, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            x = nnx.relu(self.bn(self.conv(x))).mean((1, 2))
+            for block in self.blocks:
+                x = x + nnx.relu(block(x))
+            return self.head(self.norm(x))
+
+    return Net(nnx.Rngs(0))
+
+
+def make_orbax() -> None:
+    """Orbax checkpoint folders of Flax models, written by orbax-checkpoint itself.
+
+    The linen models of make_flax (new random values) in the three storage layouts Orbax
+    writes: OCDBT with zarr v2 chunks (StandardCheckpointer, the default), OCDBT with zarr v3
+    (use_zarr3=True) and one zarr v2 folder per array (use_ocdbt=False); and a Flax NNX model
+    saved by a CheckpointManager (step 7, item "state"). Outputs for fixed inputs beside each.
+    """
+    import shutil
+
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    out = OUT / "orbax"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    writers = {"cnn": lambda: ocp.StandardCheckpointer(),
+               "scan": lambda: ocp.PyTreeCheckpointer(use_zarr3=True),
+               "attention": lambda: ocp.PyTreeCheckpointer(use_ocdbt=False)}
+    for name, (module, x) in _flax_cases(rng).items():
+        variables = _flax_variables(module, x, rng)
+        writer = writers[name]()
+        if isinstance(writer, ocp.StandardCheckpointer):
+            writer.save(out / name, variables)
+        else:
+            writer.save(out / name, args=ocp.args.PyTreeSave(variables))
+        writer.close()
+        np.savez(out / f"{name}_io.npz", x=x, y=np.asarray(module.apply(variables, x)))
+
+    net = _nnx_net()
+    graph, state = nnx.split(net)
+    state = jax.tree_util.tree_map(
+        lambda leaf: jnp.asarray(np.abs(rng.standard_normal(leaf.shape)).astype(np.float32)
+                                 + 0.5), state)
+    net = nnx.merge(graph, state)
+    manager = ocp.CheckpointManager(out / "nnx")
+    manager.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    manager.wait_until_finished()
+    manager.close()
+    image = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+    np.savez(out / "nnx_io.npz", x=image, y=np.asarray(net(jnp.asarray(image))))
+    _record("orbax", sorted(str(p.relative_to(OUT)) for p in out.rglob("*") if p.is_file()),
+            "make_flax's linen models (seed 2) saved by orbax-checkpoint: cnn with "
+            "StandardCheckpointer (OCDBT, zarr v2), scan with use_zarr3=True (OCDBT, zarr v3), "
+            "attention with use_ocdbt=False (a zarr v2 folder per array); nnx: a Flax NNX model "
+            "saved by CheckpointManager (step 7, item 'state'); *_io.npz: the framework's outputs",
+            ["jax", "flax", "orbax-checkpoint", "tensorstore", "numpy"])
 
 
 # --- MLX ------------------------------------------------------------------------------------
@@ -449,7 +533,8 @@ def make_mlx() -> None:
 
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
                                           "keras": make_keras, "keras-full": make_keras_full,
-                                          "flax": make_flax, "mlx": make_mlx}
+                                          "flax": make_flax, "orbax": make_orbax,
+                                          "mlx": make_mlx}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -4,6 +4,7 @@ PyTorch layouts, bad files exit 2."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -41,3 +42,17 @@ def test_truncated_gguf_exits_2(run: Run, tmp_path: Path) -> None:
     result = run("inspect", str(bad))
     assert result.returncode == 2
     assert "bad.gguf" in result.stderr
+
+
+def test_inspect_an_orbax_step_folder_and_refuse_a_damaged_one(run: Run, tmp_path: Path) -> None:
+    result = run("inspect", str(FIXTURES / "orbax" / "nnx" / "7"), "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["format"] == "orbax"
+    assert info["extras"]["__metadata__"]["storage"] == "OCDBT, zarr v2"
+    bad = tmp_path / "cnn"
+    shutil.copytree(FIXTURES / "orbax" / "cnn", bad)
+    (bad / "manifest.ocdbt").write_bytes((bad / "manifest.ocdbt").read_bytes()[:50])
+    result = run("inspect", str(bad))
+    assert result.returncode == 2
+    assert "manifest.ocdbt" in result.stderr

@@ -131,6 +131,7 @@ SEEDS: dict[str, Seed] = {
     "gguf/.gguf": _copy_file("frameworks/gguf/llama_mixed.gguf"),
     "onnx/.onnx": _file("m.onnx", _onnx),
     "flax/.msgpack": _copy_file("frameworks/flax/cnn.msgpack"),
+    "orbax/folder": _copy("frameworks/orbax/cnn", "manifest.ocdbt"),
 }
 
 

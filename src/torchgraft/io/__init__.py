@@ -12,6 +12,7 @@ from . import (
     mlx_format,
     numpy_format,
     onnx_format,
+    orbax_format,
     pickle_format,
     pt2,
     safetensors_format,
@@ -47,5 +48,6 @@ for _fmt in (
     keras_format.FORMAT,
     flax_format.FORMAT,
     mlx_format.FOLDER_FORMAT,
+    orbax_format.FORMAT,
 ):
     register(_fmt)

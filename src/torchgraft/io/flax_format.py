@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from .base import Contents, Format, ReadOptions
 from .framework import ATTENTION_PROJECTIONS, Leaf, record_head_dim, relaid, torch_layout
 from .source import FileSource, plain_ref
 
-__all__ = ["FORMAT", "LEAVES"]
+__all__ = ["FORMAT", "LEAVES", "flax_key", "flax_tree"]
 
 _MAX_DEPTH = 64
 _MAX_NODES = 10_000_000
@@ -281,6 +282,66 @@ def _stacked_roots(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, 
     return stacked
 
 
+def flax_key(key: tuple[str, ...]) -> tuple[str, ...]:
+    """A Flax leaf's module path and leaf name, without what only Flax's containers add.
+
+    The collection (``params``, ``batch_stats``) goes, so that a module's parameters and
+    statistics meet; so does the ``value`` under which Flax NNX states keep each variable.
+
+    Args:
+        key: The leaf's path in the saved tree.
+
+    Returns:
+        The path as :func:`flax_tree` takes it.
+    """
+    if len(key) > 1 and key[-1] == "value":
+        key = key[:-1]
+    return key[1:] if len(key) > 1 and key[0] in _COLLECTIONS else key
+
+
+def flax_tree(stored: dict[tuple[str, ...], TensorRef],
+              layer: Callable[[tuple[str, ...], int], TensorRef | None], path: Path, *,
+              framework: str) -> dict[str, Any]:
+    """Flax leaves as a PyTorch state dict: renamed, re-laid, ``nn.scan`` stacks unstacked.
+
+    Args:
+        stored: Leaf path (after :func:`flax_key`) to the array as stored.
+        layer: Gives one layer's slice of a stacked leaf (``None`` where it cannot be cut; the
+            leaf then stays stacked).
+        path: The checkpoint, for errors.
+        framework: The framework named in ``__metadata__``.
+
+    Returns:
+        The contents' root: PyTorch names to lazy tensors, and ``__metadata__``.
+
+    Raises:
+        CorruptCheckpointError: If two leaves get the same name.
+    """
+    stacked = _stacked_roots(stored)
+    head_dims: dict[str, int] = {}
+    for key, ref in stored.items():
+        shape = ref.meta.shape[1:] if any(key[:len(r)] == r for r in stacked) else ref.meta.shape
+        record_head_dim(head_dims, key[:-1], key[-1], shape)
+    root: dict[str, Any] = {}
+    for key, ref in sorted(stored.items(), key=lambda item: _order(item[0])):
+        cut = next((len(r) for r in stacked if key[:len(r)] == r), 0)
+        layers = stacked.get(key[:cut], 0) if cut else 0
+        parts = [p for p in (layer(key, index) for index in range(layers)) if p is not None]
+        if layers and len(parts) == layers:
+            for index, part in enumerate(parts):
+                _add(root, (*key[:cut], str(index), *key[cut:]), part, path)
+        else:
+            _add(root, key, ref, path)
+    root["__metadata__"] = {
+        "framework": framework,
+        "layout": "Flax names and layouts re-laid as PyTorch's (kernels transposed, HWIO to "
+                  "OIHW, scale/embedding/mean/var renamed)",
+        "scan_stacked": {".".join(k): n for k, n in stacked.items()},
+        "head_dims": head_dims,
+    }
+    return root
+
+
 def _open(path: Path, options: ReadOptions) -> Contents:
     source = FileSource(path)
     parser = _Parser(source, 0, source.size)
@@ -296,7 +357,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     stored: dict[tuple[str, ...], TensorRef] = {}
     arrays: dict[tuple[str, ...], _Array] = {}
     for key, node in found.items():
-        trimmed = key[1:] if len(key) > 1 and key[0] in _COLLECTIONS else key
+        trimmed = flax_key(key)
         where = ".".join(key)
         if trimmed in stored:
             raise CorruptCheckpointError(f"'{where}' collides with another collection's leaf",
@@ -306,28 +367,14 @@ def _open(path: Path, options: ReadOptions) -> Contents:
             stored[trimmed] = _array_ref(source, node, where)
         else:
             stored[trimmed] = _chunked_ref(source, node, where)
-    stacked = _stacked_roots(stored)
-    head_dims: dict[str, int] = {}
-    for key, ref in stored.items():
-        shape = ref.meta.shape[1:] if any(key[:len(r)] == r for r in stacked) else ref.meta.shape
-        record_head_dim(head_dims, key[:-1], key[-1], shape)
-    root: dict[str, Any] = {}
-    for key, ref in sorted(stored.items(), key=lambda item: _order(item[0])):
-        cut = next((len(r) for r in stacked if key[:len(r)] == r), None)
-        if cut is not None and key in arrays:
-            for layer in range(stacked[key[:cut]]):
-                _add(root, (*key[:cut], str(layer), *key[cut:]),
-                     _array_ref(source, arrays[key], ".".join(key), layer=layer), path)
-        else:
-            _add(root, key, ref, path)
-    root["__metadata__"] = {
-        "framework": "flax",
-        "layout": "Flax names and layouts re-laid as PyTorch's (kernels transposed, HWIO to "
-                  "OIHW, scale/embedding/mean/var renamed)",
-        "scan_stacked": {".".join(k): n for k, n in stacked.items()},
-        "head_dims": head_dims,
-    }
-    return Contents("flax", path, root, [source.close])
+
+    def layer(key: tuple[str, ...], index: int) -> TensorRef | None:
+        if key not in arrays:
+            return None
+        return _array_ref(source, arrays[key], ".".join(key), layer=index)
+
+    return Contents("flax", path, flax_tree(stored, layer, path, framework="flax"),
+                    [source.close])
 
 
 #: Flax writes maps sorted by key; modules are put back in an order of use where the names
