@@ -2,6 +2,10 @@
 
 Each operation is data (what to do, and how to describe it) plus ``apply``, which turns the
 source tensor into one of the target's shape; ``current`` is the target's present value.
+Layout operations (transposes, permuted axes, rotary rows) run through the reversible
+operations of :mod:`~torchgraft.graft.ops`; their ``reversible()`` is that operation, so a
+plan can be run backwards (``tg.save(layout_of=...)``). Adaptations of shapes (rows, input
+channels) and dequantisation lose information and have none.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from . import ops
 
 __all__ = ["Dequantize", "Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute",
            "Permute", "Rows", "Transpose", "fresh_values", "label_pairs"]
@@ -60,7 +66,11 @@ class Transpose:
 
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Transpose a 2-D weight."""
-        return tensor.t()
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Transpose(0, 1)
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape a stored tensor of ``shape`` has once transposed."""
@@ -80,7 +90,11 @@ class Permute:
 
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Put the axes in the target's order (``torch.permute``)."""
-        return tensor.permute(self.dims)
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Permute(self.dims)
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape a stored tensor of ``shape`` has once permuted."""
@@ -182,9 +196,11 @@ class RotaryPermute:
 
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Return the tensor with its rows in the target's rotary order."""
-        heads = tensor.shape[0] // self.head_dim
-        half = (2, self.head_dim // 2) if self.to_meta else (self.head_dim // 2, 2)
-        return tensor.reshape(heads, *half, -1).transpose(1, 2).reshape(tensor.shape)
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is: Meta's order keeps each head's pairs together."""
+        return ops.RotaryRows(self.head_dim, to_halves=not self.to_meta)
 
     def describe(self) -> str:
         """Text for the report."""
@@ -201,6 +217,10 @@ class Derived:
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """The tensor as it is: the virtual source already fused or split it."""
         return tensor
+
+    def reversible(self) -> ops.TensorOp:
+        """Nothing to do here: the virtual source's own operation is reversed."""
+        return ops.Chain(())
 
     def describe(self) -> str:
         """Text for the report."""

@@ -10,13 +10,10 @@ which fused projection is data (:data:`FUSIONS`).
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
-
-from ..meta import TensorMeta, TensorRef
+from ..meta import TensorRef
+from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
 __all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
@@ -57,12 +54,16 @@ class Virtual:
         parts: The source keys it is made from.
         why: For the report, e.g. ``fused from query, key, value``.
         doubt: Why its layout is a guess (the head count came from the model alone), if so.
+        op: The operation that makes it from its parts (:mod:`~torchgraft.graft.ops`).
+        index: Which of the operation's outputs it is.
     """
 
     name: str
     parts: tuple[str, ...]
     why: str
     doubt: str | None = None
+    op: TensorOp | None = None
+    index: int = 0
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
@@ -79,45 +80,6 @@ def _leaf_module(path: str) -> str:
 
 def _has(side: Side, names: frozenset[str]) -> bool:
     return any(_leaf_module(path) in names for path in _modules(side))
-
-
-def _cat(refs: Sequence[TensorRef]) -> torch.Tensor:
-    return torch.cat([ref.read() for ref in refs], dim=0)
-
-
-def _slice(ref: TensorRef, index: int, count: int) -> torch.Tensor:
-    return ref.read().chunk(count, dim=0)[index].contiguous()
-
-
-def _cat_box(refs: Sequence[TensorRef], start: tuple[int, ...], out: torch.Tensor) -> None:
-    """A block of a concatenation: from each part, the rows of the block it holds."""
-    first = 0
-    for ref in refs:
-        rows = ref.meta.shape[0]
-        low, high = max(first, start[0]), min(first + rows, start[0] + out.shape[0])
-        if low < high:
-            ref.read_box((low - first, *start[1:]), out.narrow(0, low - start[0], high - low))
-        first += rows
-
-
-def _slice_box(ref: TensorRef, first: int, start: tuple[int, ...], out: torch.Tensor) -> None:
-    """A block of an equal slice by rows: the same block of the fused tensor, rows shifted."""
-    ref.read_box((first + start[0], *start[1:]), out)
-
-
-def _per_head_cat(refs: Sequence[TensorRef], head_dim: int) -> torch.Tensor:
-    """Parts interleaved head by head: ``[heads, parts, head_dim, ...]``."""
-    parts = [ref.read() for ref in refs]
-    rest = parts[0].shape[1:]
-    return torch.stack([p.reshape(-1, head_dim, *rest) for p in parts], dim=1).reshape(
-        -1, *rest)
-
-
-def _per_head_slice(ref: TensorRef, index: int, count: int, head_dim: int) -> torch.Tensor:
-    """Part ``index`` of a tensor stored head by head."""
-    tensor = ref.read()
-    rest = tensor.shape[1:]
-    return tensor.reshape(-1, count, head_dim, *rest)[:, index].reshape(-1, *rest).contiguous()
 
 
 def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
@@ -173,20 +135,18 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
 def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
            head: tuple[int | None, str | None] | None) -> list[Virtual]:
     """One fused virtual tensor from its parts: part by part, or head by head."""
-    shape = (sum(i.shape[0] for i in group), *group[0].shape[1:])
-    meta = TensorMeta.of(shape, group[0].dtype)
-    parts = [refs[i.name] for i in group]
-    why = "fused from " + ", ".join(i.name for i in group)
+    parts = tuple(i.name for i in group)
+    why = "fused from " + ", ".join(parts)
     if head is None:
-        refs[name] = TensorRef(meta, functools.partial(_cat, parts),
-                               read_box=functools.partial(_cat_box, parts))
-        return [Virtual(name, tuple(i.name for i in group), why)]
+        op: TensorOp = Concatenate(0)
+        [refs[name]] = lazy(op, [refs[p] for p in parts])
+        return [Virtual(name, parts, why, op=op)]
     head_dim, doubt = head
     if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
         return []  # a per-head layout with no head size, or unequal parts: not fused
-    refs[name] = TensorRef(meta, functools.partial(_per_head_cat, parts, head_dim))
-    return [Virtual(name, tuple(i.name for i in group),
-                    f"{why}, head by head (head size {head_dim})", doubt)]
+    op = Interleave((head_dim,) * len(group))
+    [refs[name]] = lazy(op, [refs[p] for p in parts])
+    return [Virtual(name, parts, f"{why}, head by head (head size {head_dim})", doubt, op)]
 
 
 def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
@@ -202,16 +162,14 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         if _leaf_module(path) in fusion.per_head:
             found += _split_per_head(refs, tensors, count, head)
             continue
+        op = Split(0, count=count)
         for leaf, info in tensors.items():
-            for k in range(count):
+            rows = info.shape[0] // count
+            for k, ref in enumerate(lazy(op, [refs[info.name]])):
                 name = f"{path}[{k}].{leaf}"  # numbered: sorted names keep the order
-                rows = info.shape[0] // count
-                meta = TensorMeta.of((rows, *info.shape[1:]), info.dtype)
-                refs[name] = TensorRef(meta, functools.partial(_slice, refs[info.name], k, count),
-                                       read_box=functools.partial(_slice_box, refs[info.name],
-                                                                  k * rows))
-                found.append(Virtual(name, (info.name,),
-                                     f"split from {info.name} (rows {k * rows}:{(k + 1) * rows})"))
+                refs[name] = ref
+                found.append(Virtual(name, (info.name,), f"split from {info.name} (rows "
+                                     f"{k * rows}:{(k + 1) * rows})", op=op, index=k))
     return found
 
 
@@ -222,15 +180,13 @@ def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], 
     if head_dim is None or any(i.shape[0] % (count * head_dim) for i in tensors.values()):
         return []
     found = []
+    op = Deinterleave((head_dim,) * count)
     for leaf, info in tensors.items():
-        path = info.module
-        for k in range(count):
-            name = f"{path}[{k}].{leaf}"
-            meta = TensorMeta.of((info.shape[0] // count, *info.shape[1:]), info.dtype)
-            refs[name] = TensorRef(meta, functools.partial(_per_head_slice, refs[info.name], k,
-                                                           count, head_dim))
+        for k, ref in enumerate(lazy(op, [refs[info.name]])):
+            name = f"{info.module}[{k}].{leaf}"
+            refs[name] = ref
             found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k} of each "
-                                                     f"head, head size {head_dim})", doubt))
+                                                     f"head, head size {head_dim})", doubt, op, k))
     return found
 
 
