@@ -43,22 +43,82 @@ def _llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weights.shape))
 
 
+def _ggml() -> Any:
+    """llama.cpp's ggml library (``libggml-base``): its quantizer and its dequantizer.
+
+    Found in an installed llama-cpp-python (``pip install llama-cpp-python`` builds it), or at
+    ``$GGML_LIB``. Only fixture writing loads it, never torchgraft.
+    """
+    import ctypes
+    import importlib.util
+    import os
+
+    path = os.environ.get("GGML_LIB")
+    if path is None:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is None or spec.origin is None:
+            raise SystemExit("K-quant fixtures need llama.cpp's ggml: pip install "
+                             "llama-cpp-python, or set GGML_LIB to a libggml-base.so")
+        path = str(Path(spec.origin).parent / "lib" / "libggml-base.so")
+    lib = ctypes.CDLL(path)
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                        ctypes.c_void_p]
+
+    class Traits(ctypes.Structure):  # ggml.h: struct ggml_type_traits
+        _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                    ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                    ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                    ("from_float_ref", ctypes.c_void_p)]
+
+    lib.ggml_get_type_traits.restype = ctypes.POINTER(Traits)
+    lib.ggml_get_type_traits.argtypes = [ctypes.c_int]
+    return lib
+
+
+def _ggml_quantize(lib: Any, weight: np.ndarray, qtype: int) -> np.ndarray:
+    """``ggml_quantize_chunk``, as llama.cpp's quantize tool calls it (no importance matrix)."""
+    rows, per_row = weight.shape
+    traits = lib.ggml_get_type_traits(qtype).contents
+    src = np.ascontiguousarray(weight, dtype=np.float32)
+    out = np.zeros((rows, per_row // traits.blck_size * traits.type_size), np.uint8)
+    written = lib.ggml_quantize_chunk(qtype, src.ctypes.data, out.ctypes.data, 0, rows, per_row,
+                                      None)
+    assert written == out.nbytes, (written, out.nbytes)
+    return out
+
+
+def _ggml_dequantize(lib: Any, codes: np.ndarray, qtype: int, shape: tuple[int, int],
+                     ) -> np.ndarray:
+    """llama.cpp's own dequantization (the type's ``to_float``)."""
+    import ctypes
+
+    to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                ctypes.c_int64)(lib.ggml_get_type_traits(qtype).contents.to_float)
+    out = np.empty(shape, np.float32)
+    data = np.ascontiguousarray(codes)
+    to_float(data.ctypes.data, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+    return out
+
+
 def make_gguf() -> None:
     """A tiny transformers Llama written by gguf-py's GGUFWriter, in several GGML types.
 
-    Q8_0 and Q4_0 come from gguf.quants.quantize of the model's weights. gguf-py has no
-    quantizer for the K-quants: their blocks are random codes (valid Q4_K / Q6_K blocks with
-    small scales), and the model takes the weights gguf.quants.dequantize reads from them. So
-    the model's weights are exactly what the file holds (the reference outputs are the
-    transformers model's), and the Q8_0/Q4_0 error against the float model is recorded too.
+    Q8_0 and Q4_0 come from gguf.quants.quantize of the model's weights; Q4_K, Q5_K and Q6_K
+    (gguf-py has no K-quantizer) from llama.cpp's own ``ggml_quantize_chunk`` (:func:`_ggml`).
+    The model then takes the weights gguf.quants.dequantize reads from the file, so its
+    weights are exactly what the file holds (the reference outputs are the transformers
+    model's). Recorded beside: the float model's logits, llama.cpp's own dequantization
+    (``to_float``) of layer 0's K-quant weights, and each quantization's error.
     """
     import gguf
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     q = gguf.GGMLQuantizationType
+    ggml = _ggml()
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
     config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=64, tie_word_embeddings=False,
@@ -68,7 +128,7 @@ def make_gguf() -> None:
     with torch.no_grad():
         float_logits = model(ids).logits.numpy()
     types = {"self_attn.q_proj": q.Q4_K, "self_attn.k_proj": q.Q8_0, "self_attn.v_proj": q.Q4_0,
-             "self_attn.o_proj": q.Q6_K, "mlp.gate_proj": q.Q8_0, "mlp.up_proj": q.Q4_K,
+             "self_attn.o_proj": q.Q6_K, "mlp.gate_proj": q.Q5_K, "mlp.up_proj": q.Q4_K,
              "mlp.down_proj": q.Q6_K}
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -79,6 +139,8 @@ def make_gguf() -> None:
     path = OUT / "gguf" / "llama_mixed.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "llama")
+    extra: dict[str, np.ndarray] = {}
+    errors: dict[str, list[float]] = {}
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -97,19 +159,13 @@ def make_gguf() -> None:
                 if qtype is None:
                     writer.add_tensor(f"blk.{i}.{gname}.weight", weight)
                     continue
-                if qtype in (q.Q4_K, q.Q6_K):
-                    block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-                    codes = rng.integers(0, 256, (weight.shape[0],
-                                                  weight.shape[1] // block * nbytes), np.uint8)
-                    scale = np.full((*codes.shape[:-1], codes.shape[1] // nbytes, 1),
-                                    np.float16(0.002)).view(np.uint8)
-                    blocks = codes.reshape(codes.shape[0], -1, nbytes)
-                    if qtype == q.Q4_K:
-                        blocks[..., 0:2] = scale[..., 0:2]
-                        blocks[..., 2:4] = scale[..., 0:2]  # dmin
-                    else:
-                        blocks[..., -2:] = scale[..., 0:2]
-                    codes = blocks.reshape(codes.shape)
+                if qtype in (q.Q4_K, q.Q5_K, q.Q6_K):
+                    codes = _ggml_quantize(ggml, weight, qtype)
+                    llama_cpp = _ggml_dequantize(ggml, codes, qtype, weight.shape)
+                    if i == 0:
+                        extra[f"ggml_{part}"] = llama_cpp
+                    error = np.sqrt(np.mean((llama_cpp - weight) ** 2) / np.mean(weight ** 2))
+                    errors.setdefault(qtype.name, []).append(float(error))
                 else:
                     codes = gguf.quants.quantize(weight, qtype)
                 exact = gguf.quants.dequantize(codes, qtype).astype(np.float32)
@@ -133,13 +189,17 @@ def make_gguf() -> None:
     writer.write_tensors_to_file()
     writer.close()
     np.savez(OUT / "gguf" / "llama_mixed_io.npz", ids=ids.numpy(), logits=logits,
-             float_logits=float_logits)
+             float_logits=float_logits, **extra,
+             **{f"rel_rms_error_{k}": np.array(v) for k, v in errors.items()})
     _record("gguf/llama_mixed", ["gguf/llama_mixed.gguf", "gguf/llama_mixed_io.npz"],
             "transformers LlamaForCausalLM (seed 0) written with gguf.GGUFWriter as llama.cpp's "
-            "converter does (q/k rows permuted); Q8_0/Q4_0 by gguf.quants.quantize, Q4_K/Q6_K "
-            "random valid blocks (gguf-py has no K-quantizer) with the model set to their "
+            "converter does (q/k rows permuted); Q8_0/Q4_0 by gguf.quants.quantize, Q4_K/Q5_K/"
+            "Q6_K by llama.cpp's ggml_quantize_chunk (llama.cpp 0c1e570, ggml 0.25.3, from "
+            "llama-cpp-python 0.3.36's sources), the model set to the file's "
             "gguf.quants.dequantize values; logits: the transformers model holding exactly the "
-            "file's dequantized weights; float_logits: before quantization",
+            "file's dequantized weights; float_logits: before quantization; ggml_*: llama.cpp's "
+            "to_float of layer 0's K-quant weights (transformers' row order); rel_rms_error_*: "
+            "llama.cpp's dequantized vs float weights, per tensor",
             ["gguf", "transformers", "torch", "numpy"])
 
 

@@ -34,9 +34,29 @@ def test_quantized_llama_grafts_with_outputs_of_the_dequantized_weights() -> Non
     assert report.ok, report
     with torch.no_grad():
         logits = model(torch.from_numpy(io["ids"])).logits.numpy()
-    # Q8_0, Q4_0, Q4_K, Q6_K dequantized exactly as gguf-py (llama.cpp's reference) does, and
+    # Q8_0, Q4_0, Q4_K, Q5_K, Q6_K dequantized exactly as gguf-py does, and
     # q/k rotary rows un-interleaved with the file's head counts: the same logits, bit for bit.
     np.testing.assert_array_equal(logits, io["logits"])
+
+
+@pytest.mark.parametrize("part", ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj",
+                                  "mlp.up_proj", "mlp.down_proj"])
+def test_k_quants_written_by_llama_cpp_read_as_llama_cpp_dequantizes_them(part: str) -> None:
+    # The Q4_K/Q5_K/Q6_K blocks come from llama.cpp's quantizer (ggml_quantize_chunk); its own
+    # to_float of them is in the fixture. q_proj's rows are rotary-permuted in the file.
+    io = np.load(FIXTURES / "llama_mixed_io.npz")
+    with tg.open(LLAMA) as ckpt:
+        weight = ckpt.get(f"model.layers.0.{part}.weight")
+        other_layer = ckpt.get(f"model.layers.1.{part}.weight")
+    np.testing.assert_array_equal(weight.numpy(), io[f"ggml_{part}"])
+    assert not np.array_equal(other_layer.numpy(), io[f"ggml_{part}"])
+
+
+def test_k_quant_error_is_what_llama_cpp_gets() -> None:
+    io = np.load(FIXTURES / "llama_mixed_io.npz")
+    # relative RMS error of llama.cpp's own dequantized weights against the float weights
+    for qtype, bound in (("Q4_K", 0.08), ("Q5_K", 0.04), ("Q6_K", 0.02)):
+        assert (io[f"rel_rms_error_{qtype}"] < bound).all(), qtype
 
 
 def test_qwen2_with_biases_and_tied_embeddings_grafts() -> None:
@@ -64,8 +84,8 @@ def test_inspect_shows_framework_architecture_and_quantization() -> None:
     assert info.format == "gguf"
     metadata = info.extras["__metadata__"]
     assert metadata["framework"] == "gguf" and metadata["architecture"] == "llama"
-    assert metadata["quantization"] == {"Q4_K": 4, "Q8_0": 5, "Q4_0": 2, "Q6_K": 4, "F32": 5,
-                                        "F16": 1}
+    assert metadata["quantization"] == {"Q4_K": 4, "Q8_0": 3, "Q4_0": 2, "Q6_K": 4, "Q5_K": 2,
+                                        "F32": 5, "F16": 1}
     assert metadata["metadata"]["llama.attention.head_count"] == 4
     names = [name for name, _ in info.tensors]
     assert "model.layers.1.self_attn.q_proj.weight" in names and "lm_head.weight" in names
