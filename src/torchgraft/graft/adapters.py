@@ -131,7 +131,8 @@ def modules_to_save_layout(keys: list[str]) -> Layout | None:
         for m in map(_SAVED_COPY.match, keys) if m is not None)
     if not renames:
         return None
-    return Layout(name="peft-modules-to-save", applies=lambda src, dst: True, renames=renames)
+    return Layout(name="peft-modules-to-save", applies=lambda src, dst: True, renames=renames,
+                  across=False)
 
 
 def refuse_plain_target(adapter: Adapter, source: str) -> TorchgraftError:

@@ -25,6 +25,7 @@ from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .experts import add_experts, expert_layouts, explain
 from .fusion import add_virtual
+from .heads import describe_sides
 from .html import describe
 from .inputs import Inputs
 from .layouts import layouts_for
@@ -33,7 +34,7 @@ from .plan import Match, build_plan
 from .quantized_target import graft_quantized
 from .reference import Want, reference_for
 from .report import GraftError, GraftReport
-from .rules import RulesSpec, parse_rules
+from .rules import Rule, RulesSpec, parse_rules
 from .settle import verify_graft
 from .sides import module_side, quantized_modules, state_tensors, unwrap
 from .source import GraftSource, SourceLike, open_source
@@ -177,7 +178,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               + expert_layouts(source_side, target_side)
                               + ([saved_copies] if saved_copies else []), match=match,
                               adapt=adapt, init=init, label_map=label_map, derived=derived,
-                              doubts={v.name: v.doubt for v in virtual if v.doubt})
+                              doubts={v.name: v.doubt for v in virtual if v.doubt},
+                              described=describe_sides(source, opened, target))
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
         explain(plan, experts)
@@ -217,9 +219,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in source_side.tensors.values()))
 
-        def fill(module: nn.Module) -> GraftReport:
-            return graft(source, module, verify=False, unsafe=unsafe, weights_key=weights_key,
-                         component=component, follow_links=follow_links)
+        def fill(module: nn.Module, renames: list[Rule]) -> GraftReport:
+            return graft(source, module, rules=renames, verify=False, unsafe=unsafe,
+                         weights_key=weights_key, component=component,
+                         follow_links=follow_links)
 
         reference = reference_for(source, opened.module, target, want, fill, report.warnings)
         if reference is not None:

@@ -5,7 +5,9 @@ follows from the evidence of all keys, what is missing, and whether outputs were
 
 - ``ok``: every key is filled and known by name or structure, or outputs were compared equal.
 - ``unverified``: every key is filled, but some were guesses among interchangeable candidates
-  (each listed in ``report.guesses`` with its alternatives and how to settle it).
+  (each listed in ``report.guesses`` with its alternatives and how to settle it), or the graft
+  rests on an assumption the checkpoint cannot confirm (``report.assumptions``: a bare state
+  dict from another code base does not say its attention head count).
 - ``incomplete``: keys are missing.
 - ``diverged``: outputs were compared and differ.
 """
@@ -15,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["EXIT_CODES", "NAME_STEPS", "SETTLE", "Evidence", "Guess", "MatchStep", "TextEnum",
-           "Verdict"]
+__all__ = ["EXIT_CODES", "NAME_STEPS", "SETTLE", "SIBLINGS", "Assumption", "Evidence", "Guess",
+           "MatchStep", "TextEnum", "Verdict"]
 
 
 class TextEnum(str, Enum):
@@ -96,3 +98,32 @@ class Guess:
         shown = ", ".join(f"'{a}'" for a in self.alternatives[:3])
         more = f" and {len(self.alternatives) - 3} more" if len(self.alternatives) > 3 else ""
         return f"{self.why}" + (f"; alternatives {shown}{more}" if shown else "")
+
+#: What the assumption of guessed siblings is called (each such key is a guess too).
+SIBLINGS = "same-shape siblings"
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A fact the graft relies on that the checkpoint cannot confirm.
+
+    A bare state dict holds names and shapes only. Grafted across code bases, it relies on
+    facts of the model it came from: the attention's head count (another head count has the
+    same shapes), which of two same-shape siblings is which where only the names' conventions
+    told them apart. Each makes the verdict ``unverified`` until outputs are compared.
+
+    Attributes:
+        what: What was assumed (``"attention head count"``).
+        assumed: The value taken, and where from (``"the model's: 4 heads, 2 kv heads"``).
+        why: Why the checkpoint cannot confirm it.
+        settle: How to settle it.
+    """
+
+    what: str
+    assumed: str
+    why: str
+    settle: str = SETTLE
+
+    def describe(self) -> str:
+        """One line for the report: what was assumed, and why."""
+        return f"{self.what}: {self.assumed}; {self.why}"

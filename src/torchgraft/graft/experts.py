@@ -93,12 +93,14 @@ MIXTRAL_TO_MLP = Layout(
                               and any(".mlp.experts." in n for n in dst.tensors)),
     renames=(Rule(r"\.block_sparse_moe\.", ".mlp."),),
     exports=(Rule(r"\.mlp\.(experts|gate)\.", r".block_sparse_moe.\1."),),
+    across=False,
 )
 MLP_TO_MIXTRAL = Layout(
     name="mlp->mixtral-moe",
     applies=lambda src, dst: MIXTRAL_TO_MLP.applies(dst, src),
     renames=MIXTRAL_TO_MLP.exports,
     exports=MIXTRAL_TO_MLP.renames,
+    across=False,
 )
 
 _PER_EXPERT = re.compile(r"^(?P<block>(?:.*\.)?experts)\.(?P<index>\d+)\.(?P<proj>\w+)\."

@@ -50,6 +50,9 @@ class Layout:
             tensor, for layouts that store more than 2-D weights another way; ``None`` if none.
         why: Shown in reports for transposed tensors.
         rotary: Rotary rows this layout stores in another order.
+        across: Whether its two sides are two code bases (or frameworks), whose names tell
+            apart only by their conventions; ``False`` for another storage of the same model
+            (a PEFT adapter, packed quantized weights, a transformers version's renames).
     """
 
     name: str
@@ -60,6 +63,7 @@ class Layout:
     permuted: Callable[[TensorInfo, TensorInfo], tuple[int, ...] | None] = lambda src, dst: None
     why: str = ""
     rotary: RotaryRows | None = None
+    across: bool = True
 
 
 def _leaf(info: TensorInfo) -> str:
@@ -241,6 +245,7 @@ QUANTIZED_PACKED = Layout(
                               and not any(_PACKED.search(n) for n in dst.tensors)),
     renames=(Rule(r"\._packed_params\._packed_params\.0$", ".weight"),
              Rule(r"\._packed_params\._packed_params\.1$", ".bias")),
+    across=False,
 )
 
 def _sentence_transformers(attribute: str) -> Layout:
@@ -255,6 +260,7 @@ def _sentence_transformers(attribute: str) -> Layout:
         applies=lambda src, dst: (src.format == "sentence-transformers" and any(
             k.startswith(f"0.{attribute}.") for k in dst.tensors)),
         renames=(Rule(r"^(\d+)_[A-Za-z]\w*\.", r"\1."), Rule(r"^0\.", f"0.{attribute}.")),
+        across=False,
     )
 
 
@@ -266,6 +272,7 @@ PEFT_ADAPTER = Layout(
                               and any(".lora_A.default." in k for k in dst.tensors)),
     renames=(Rule(r"\.(lora_A|lora_B|lora_magnitude_vector)\.(weight|bias)$", r".\1.default.\2"),
              Rule(r"\.(lora_embedding_A|lora_embedding_B)$", r".\1.default")),
+    across=False,
 )
 """A PEFT adapter file (``save_pretrained``) into a ``PeftModel``: files leave out the adapter's
 name, the model's state dict has it (``lora_A.default.weight``)."""

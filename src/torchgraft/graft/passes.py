@@ -16,7 +16,11 @@ decides what pairs need:
 8. ``transforms``: what each pair needs (transposes, rotary rows, casts, adaptations), or why
    it cannot be filled (:mod:`~torchgraft.graft.transforms`);
 9. ``leftovers``: missing and unused keys, each with its reason; blocks of the checkpoint that
-   the model lacks (``surplus``).
+   the model lacks (``surplus``);
+10. ``assumptions``: a graft across code bases (a key paired by structure, or through another
+    code base's layout) relies on facts a bare state dict cannot confirm: the model's attention
+    head count, unless the source states the same; which same-shape sibling is which, where
+    only the names' conventions told them apart.
 
 Verification (outputs compared after the graft) runs in :func:`torchgraft.graft.graft`.
 """
@@ -28,9 +32,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..wrappers import strip_wrappers
+from .adapt import Permute, RotaryPermute, Transpose
 from .conventions import role_of
-from .evidence import Guess, MatchStep
+from .evidence import SIBLINGS, Assumption, Guess, MatchStep
 from .head_sizes import head_size_mismatch
+from .heads import Described, head_assumption
 from .layouts import Layout, rotary_warning
 from .planning import Match, Plan, is_bookkeeping
 from .rules import Rule, rename
@@ -58,6 +64,10 @@ class Planning:
         paired: The sources in ``pairs``, for lookups in constant time.
         how: Target key to the step that paired it.
         ambiguous: Target key to why structure could not decide it.
+        described: What both sides state of their models (head counts, a module source).
+        across: Source keys renamed by a layout between two code bases.
+        by_convention: Target keys paired among same-shape siblings by the conventions of
+            their names alone (numbers, role tables): guesses for a file's source.
     """
 
     src: Side
@@ -72,6 +82,9 @@ class Planning:
     paired: set[str] = field(default_factory=set)
     how: dict[str, MatchStep] = field(default_factory=dict)
     ambiguous: dict[str, str] = field(default_factory=dict)
+    described: Described = field(default_factory=Described)
+    across: set[str] = field(default_factory=set)
+    by_convention: set[str] = field(default_factory=set)
 
     @property
     def layouts(self) -> Sequence[Layout]:
@@ -128,6 +141,7 @@ def _common_prefixes(targets: list[str], sources: list[str]) -> dict[str, str]:
 def renames(state: Planning) -> None:
     """The user's rules, then the layouts' renames; a rule may drop a key."""
     layout_rules = [rule for layout in state.layouts for rule in layout.renames]
+    across = {id(rule) for layout in state.layouts if layout.across for rule in layout.renames}
     for name in state.src.tensors:
         new, rule = rename(name, state.rules)
         if new is None:
@@ -137,6 +151,8 @@ def renames(state: Planning) -> None:
         state.renamed[name] = laid_out or new
         state.how_renamed[name] = (MatchStep.RULE if rule else
                                    MatchStep.LAYOUT if layout_rule else MatchStep.EXACT)
+        if id(layout_rule) in across:
+            state.across.add(name)
 
 
 def exact(state: Planning) -> None:
@@ -179,7 +195,8 @@ def structure(state: Planning) -> None:
     src_infos = {state.renamed[s]: _renamed_info(src.tensors[s], state.renamed[s])
                  for s in left_s}
     alignment = align(left_t, list(back), dst.tensors, src_infos, fits_for(state.layouts),
-                      is_bookkeeping, source_ordered=src.ordered)
+                      is_bookkeeping, source_ordered=src.ordered,
+                      trust_conventions=state.described.source_is_module)
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
     owner = {name: src.ties.get(back[name], back[name]) for name in back}
@@ -190,6 +207,8 @@ def structure(state: Planning) -> None:
         others = tuple(a for a in guess.alternatives if owner.get(a, a) != chosen)
         if others:  # one tensor under two names (tied) is no alternative
             state.plan.guesses[target] = replace(guess, alternatives=others)
+            if target in alignment.by_convention:
+                state.by_convention.add(target)
 
 
 #: Roles whose rows a rotary (RoPE) layout may store in another order.
@@ -288,6 +307,41 @@ def _surplus(plan: Plan, used: set[str]) -> None:
                 "rule that drops them says so)")
 
 
+#: Operations that only a layout between two code bases needs.
+_LAYOUT_OPS = (Transpose, Permute, RotaryPermute)
+
+
+def _across(state: Planning) -> bool:
+    """Whether a key was paired by structure or through another code base's layout."""
+    return any(step.matched_by == MatchStep.STRUCTURE or step.source in state.across
+               or any(isinstance(op, _LAYOUT_OPS) for op in step.ops)
+               for step in state.plan.steps)
+
+
+def _has_attention(side: Side) -> bool:
+    """Whether a side has attention: a module of a query, key or value role."""
+    modules = {info.module for info in side.tensors.values()}
+    return any(role_of(m) in _ROTARY_ROLES | {"v"} for m in modules)
+
+
+def assumptions(state: Planning) -> None:
+    """Across code bases, what the checkpoint cannot confirm is an assumption."""
+    plan = state.plan
+    if not _across(state):
+        return
+    heads = head_assumption(state.described, lambda: _has_attention(state.dst))
+    if heads is not None:
+        plan.assumptions.append(heads)
+    siblings = [s for s in plan.steps if s.target in state.by_convention]
+    if siblings:
+        plan.assumptions.append(Assumption(
+            SIBLINGS,
+            f"{len(siblings)} keys paired as their names' conventions say (e.g. "
+            f"'{siblings[0].target}' <- '{siblings[0].source}')",
+            "the checkpoint is from another code base, and only the conventions of the two "
+            "code bases' names (numbers, role tables) told these same-shape modules apart"))
+
+
 def _when(*matches: Match) -> Callable[[Planning], bool]:
     return lambda state: state.match in matches
 
@@ -303,6 +357,7 @@ PASSES: tuple[tuple[str, Callable[[Planning], None], Callable[[Planning], bool]]
     ("ties", ties, _when("auto", "name", "structure")),
     ("transforms", transforms, _when("auto", "name", "structure")),
     ("leftovers", leftovers, _when("auto", "name", "structure")),
+    ("assumptions", assumptions, _when("auto", "name", "structure")),
 )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .adapt import Dequantize, Init, LabelMap
+from .heads import Described
 from .layouts import Layout
 from .passes import Planning, run_passes
 from .planning import BOOKKEEPING, REINITIALISED, Match, Plan, PlanStep, is_bookkeeping
@@ -37,7 +38,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
                init: Init = "keep", label_map: LabelMap | None = None,
                derived: Mapping[str, str] | None = None,
-               doubts: Mapping[str, str] | None = None) -> Plan:
+               doubts: Mapping[str, str] | None = None,
+               described: Described | None = None) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
     Args:
@@ -52,6 +54,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         derived: Virtual source keys (fused or split tensors) to how they were made.
         doubts: Virtual source keys whose layout is a guess, to why: the keys they fill are
             guesses (the verdict is then unverified until outputs are compared).
+        described: What both sides state of their models (head counts; whether the source
+            is a module). By default nothing: the source is taken as a bare state dict.
 
     Returns:
         The plan.
@@ -59,7 +63,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
                          source_heads=bool(src.head_dims))
-    state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match)
+    state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match,
+                     described=described or Described())
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]
     if dequantized:

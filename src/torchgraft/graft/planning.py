@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .adapt import Init, Op
-from .evidence import Evidence, Guess, MatchStep
+from .evidence import Assumption, Evidence, Guess, MatchStep
 
 __all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "is_bookkeeping"]
 
@@ -72,6 +72,9 @@ class Plan:
         guesses: Target keys filled by a guess, with their alternatives.
         surplus: Unused source keys of blocks the model lacks (a deeper checkpoint), with the
             reason: the model then computes something else than the checkpoint's.
+        assumptions: Facts the graft relies on that the checkpoint cannot confirm (a bare
+            state dict from another code base: the attention's head count, which same-shape
+            sibling is which); each makes the verdict unverified until outputs are compared.
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -83,3 +86,4 @@ class Plan:
     init: Init = "keep"
     guesses: dict[str, Guess] = field(default_factory=dict)
     surplus: dict[str, str] = field(default_factory=dict)
+    assumptions: list[Assumption] = field(default_factory=list)

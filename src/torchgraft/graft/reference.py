@@ -21,13 +21,15 @@ from torch import nn
 from ..errors import TorchgraftError
 from .inputs import Inputs, bind, from_config
 from .report import GraftReport
+from .rules import Rule
 from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
 from .verify import Call, as_call
 
 __all__ = ["Reference", "reference_for"]
 
-#: Fills a module of the source's code base from the graft's source; returns its report.
-Fill = Callable[[nn.Module], GraftReport]
+#: Fills a module of the source's code base from the graft's source (with rules that rename the
+#: source's keys to the module's); returns its report.
+Fill = Callable[[nn.Module, list[Rule]], GraftReport]
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
                         f"over {MAX_AUTO_BYTES >> 30} GiB (pass verify=True to compare anyway)")
         return None
     built = candidate.build()
-    filled = fill(built)
+    filled = fill(built, candidate.renames(built))
     if not filled.ok:
         _give_up(want, warnings, f"{candidate.origin} could not be filled from the checkpoint "
                                  f"by name ({filled.headline()})")

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..atomic import atomic_path
 from ..errors import TorchgraftError
-from .evidence import EXIT_CODES, Evidence, Guess, Verdict
+from .evidence import EXIT_CODES, SIBLINGS, Assumption, Evidence, Guess, Verdict
 from .html import render_html
 from .plan import REINITIALISED, Plan, is_bookkeeping
 
@@ -52,6 +52,9 @@ class GraftReport:
             unit (two same-shape modules swapped, rotary rows permuted).
         surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
             the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
+        assumptions: What the graft relies on that the checkpoint cannot confirm (a bare
+            state dict from another code base: the attention's head count, which same-shape
+            sibling is which); any left unverified makes the verdict ``unverified``.
         shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
             ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
         targets: Every target key, in the model's order (for :meth:`to_html`).
@@ -76,6 +79,7 @@ class GraftReport:
     verified_with: str | None = None
     settled: list[str] = field(default_factory=list)
     surplus: dict[str, str] = field(default_factory=dict)
+    assumptions: list[Assumption] = field(default_factory=list)
     shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
@@ -104,6 +108,7 @@ class GraftReport:
         report.unused = list(plan.unused)
         report.reinitialised = dict(plan.reinitialised)
         report.surplus = dict(plan.surplus)
+        report.assumptions = list(plan.assumptions)
         report.tied = dict(plan.tied)
         report.warnings = list(plan.warnings)
         report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
@@ -124,19 +129,21 @@ class GraftReport:
         self.evidence = dict.fromkeys(self.evidence, Evidence.VERIFIED)
         self.guesses.clear()
         self.surplus.clear()
+        self.assumptions.clear()
 
     @property
     def verdict(self) -> Verdict:
         """The verdict: ``diverged``, ``incomplete``, ``unverified`` or ``ok``.
 
         ``diverged`` if outputs differ, else ``incomplete`` if keys are missing (bookkeeping
-        buffers aside), else ``unverified`` if a key was guessed, else ``ok``.
+        buffers aside), else ``unverified`` if a key was guessed or an assumption made, else
+        ``ok``.
         """
         if self.divergence is not None:
             return Verdict.DIVERGED
         if [k for k in self.missing if not is_bookkeeping(k)]:
             return Verdict.INCOMPLETE
-        if self.guesses or self.surplus:
+        if self.guesses or self.surplus or self.assumptions:
             return Verdict.UNVERIFIED
         return Verdict.OK
 
@@ -188,7 +195,10 @@ class GraftReport:
                 "evidence": {k: v.value for k, v in self.evidence.items()},
                 "guesses": {k: {"alternatives": list(g.alternatives), "why": g.why,
                                 "settle": g.settle} for k, g in self.guesses.items()},
-                "surplus": self.surplus, "loaded": self.loaded,
+                "surplus": self.surplus,
+                "assumptions": [{"what": a.what, "assumed": a.assumed, "why": a.why,
+                                 "settle": a.settle} for a in self.assumptions],
+                "loaded": self.loaded,
                 "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied,
@@ -240,7 +250,8 @@ class GraftReport:
 
     def settle(self) -> str:
         """Why the verdict is unverified and how to settle it, in one line (or empty)."""
-        parts = []
+        parts = [f"assumed the {a.what}, {a.assumed}: {a.why}; to settle it, {a.settle}"
+                 for a in self.assumptions if a.what != SIBLINGS]
         if self.guesses:
             ways = dict.fromkeys(g.settle for g in self.guesses.values())
             parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
@@ -264,7 +275,8 @@ class GraftReport:
         if self.max_abs_diff is not None:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
             head += f" (compared with {self.verified_with})" if self.verified_with else ""
-        tail = [f"  settled   {s}" for s in self.settled] + [
+        tail = [f"  assumed   {a.describe()}" for a in self.assumptions]
+        tail += [f"  settled   {s}" for s in self.settled] + [
             f"  warning   {w}" for w in self.warnings]
         if self.settle():
             tail.insert(0, f"  settle    {self.settle()}")
@@ -290,6 +302,7 @@ class GraftError(TorchgraftError):
                      and not report.reasons[k].endswith(REINITIALISED)]
         problems += [f"'{k}' re-initialised: {v}" for k, v in report.reinitialised.items()]
         problems += [f"'{k}' is a guess: {g.describe()}" for k, g in report.guesses.items()]
+        problems += [f"assumed the {a.describe()}" for a in report.assumptions]
         if report.divergence:
             problems.insert(0, report.divergence)
         shown = "; ".join(problems[:3])

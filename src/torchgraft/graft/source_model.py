@@ -4,8 +4,11 @@ A folder with a ``config.json`` naming a transformers class (``architectures``) 
 model fully: when transformers is importable, the class is looked up among transformers' own
 exports (never imported because a file names it, never remote code), built with its
 parameters on the meta device (buffers it computes, such as rotary frequencies, stay real), and
-filled from the file by torchgraft. Any other source can pass ``source_model=``: a module of
-the source's code base, or a callable that builds one; it is filled from the file the same way.
+filled from the file by torchgraft, by name: transformers' own renames of older checkpoint
+names (its conversion mapping: ViT files keep ``attention.attention.query``, the v5 module has
+``attention.q_proj``) are the fill's rules. Any other source can pass ``source_model=``: a module
+of the source's code base, or a callable that builds one; it is filled from the file the same
+way.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from torch import nn
 
 from ..errors import TorchgraftError
 from .inputs import Inputs, from_config
+from .rules import Rule
 
 __all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "empty_parameters",
-           "from_folder", "resolve"]
+           "from_folder", "read_config", "resolve", "transformers_renames"]
 
 SourceModelLike = nn.Module | Callable[[], nn.Module]
 
@@ -36,6 +40,10 @@ _MAX_CONFIG_BYTES = 4 << 20
 MAX_AUTO_BYTES = 2 << 30
 
 
+def _no_renames(_model: nn.Module) -> list[Rule]:
+    return []
+
+
 @dataclass
 class SourceModel:
     """A model of the source's code base, and the inputs its config describes.
@@ -44,11 +52,14 @@ class SourceModel:
         build: Builds the module (parameters on the meta device where it can).
         inputs: Inputs generated from the config (empty when there is none).
         origin: Where it comes from, for messages.
+        renames: The rules that fill the built module from the checkpoint by name (its code
+            base's own renames of older names).
     """
 
     build: Callable[[], nn.Module]
     inputs: Inputs = field(default_factory=Inputs)
     origin: str = "source_model="
+    renames: Callable[[nn.Module], list[Rule]] = _no_renames
 
 
 @contextlib.contextmanager
@@ -74,7 +85,18 @@ def empty_parameters() -> Iterator[None]:
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def _read_config(folder: Path) -> dict[str, Any] | None:
+def read_config(folder: Path) -> dict[str, Any] | None:
+    """A folder's ``config.json``, read within bounds; ``None`` when it has none.
+
+    Args:
+        folder: The folder.
+
+    Returns:
+        The config's content, when it is a JSON object.
+
+    Raises:
+        TorchgraftError: If it is too large or not valid JSON.
+    """
     path = folder / "config.json"
     if not path.is_file():
         return None
@@ -118,7 +140,7 @@ def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
     """
     folder = Path(path)
     folder = folder if folder.is_dir() else folder.parent
-    data = _read_config(folder)
+    data = read_config(folder)
     cls = _transformers_class(data) if data is not None else None
     if cls is None or data is None:
         return None
@@ -133,7 +155,38 @@ def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
             model: nn.Module = cls(config)
         return model.eval()
 
-    return SourceModel(build, from_config(data), f"{folder / 'config.json'} ({cls.__name__})")
+    return SourceModel(build, from_config(data), f"{folder / 'config.json'} ({cls.__name__})",
+                       transformers_renames)
+
+
+def transformers_renames(model: nn.Module) -> list[Rule]:
+    """The renames transformers itself makes from a checkpoint's keys to a model's, as rules.
+
+    Its conversion mapping's plain renames (one pattern to one name, for the whole model);
+    operations that fuse or split tensors are left to torchgraft's own layouts.
+
+    Args:
+        model: A transformers model.
+
+    Returns:
+        The rules; none when transformers has none for the model, or no conversion mapping.
+    """
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        transforms = get_model_conversion_mapping(model)  # type: ignore[arg-type]
+    except Exception:  # an older transformers, or a model it has no mapping for
+        return []
+    rules = []
+    for transform in transforms:
+        if type(transform) is not WeightRenaming or transform.scope_prefix or \
+                len(transform.target_patterns) != 1:
+            continue
+        for pattern in transform.source_patterns:
+            with contextlib.suppress(TorchgraftError):  # a pattern Python's re does not take
+                rules.append(Rule(pattern, transform.target_patterns[0]))
+    return rules
 
 
 def resolve(source_model: SourceModelLike) -> SourceModel:

@@ -36,6 +36,11 @@ candidates on each side differ only by numbers (``bn1``, ``bn2``) and the pairs 
 numbers in the model's order. Any other pair among same-shape candidates is a ``guess``, with
 the other candidates as its alternatives. Before that, same-shape pairs of a unit whose roles
 are all known are re-paired by role.
+
+Roles and numbers are conventions of code bases, not facts of a file: for a source that is not
+a module (``trust_conventions=False``), a pair that only they single out among same-shape
+siblings is a ``guess`` too (listed in ``by_convention``), unless both sides give its modules
+the same name.
 """
 
 from __future__ import annotations
@@ -67,12 +72,15 @@ class Alignment:
         ambiguous: Target key to why structure could not decide it (several modules fit).
         evidence: Target key to its evidence: ``structure`` or ``guess``.
         guesses: Target key to its alternatives, for guesses.
+        by_convention: Guessed target keys that only the conventions of names (numbers, role
+            tables) would have told apart.
     """
 
     pairs: dict[str, str]
     ambiguous: dict[str, str] = field(default_factory=dict)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
+    by_convention: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -446,6 +454,14 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
     return before == (natural_key(other.paths[k]) < natural_key(other.paths[k2]))
 
 
+def _named_alike(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
+    """Whether pair ``p``'s modules have one name on both sides, and ``q``'s partner another."""
+    (i, k), (_, k2) = p, q
+    name = scope.own.paths[i].rpartition(".")[2]
+    return not name.isdigit() and name == scope.other.paths[k].rpartition(".")[2] != \
+        scope.other.paths[k2].rpartition(".")[2]
+
+
 class _Judge:
     """Which pairs are guesses: another pair of the same unit could swap with them.
 
@@ -456,8 +472,11 @@ class _Judge:
     alternative too.
     """
 
-    def __init__(self, aligner: _Aligner, ua: _Units, ub: _Units) -> None:
+    def __init__(self, aligner: _Aligner, ua: _Units, ub: _Units, *,
+                 trust_conventions: bool = True) -> None:
         self.aligner, self.ua, self.ub = aligner, ua, ub
+        self.trust_conventions = trust_conventions
+        self.by_convention: set[int] = set()
         self.free: dict[str, list[int]] = {}
         for j in aligner._free()[1]:
             self.free.setdefault(ub.unit[j], []).append(j)
@@ -477,8 +496,13 @@ class _Judge:
                     continue
                 i, j = p if scope.own is self.ua else p[::-1]
                 i2, j2 = q if scope.own is self.ua else q[::-1]
-                if self._fits(i, j2) and self._fits(i2, j) and not _ruled_out(scope, p, q):
+                if not (self._fits(i, j2) and self._fits(i2, j)) or _named_alike(scope, p, q):
+                    continue
+                if not _ruled_out(scope, p, q):
                     found.setdefault(i, []).append(j2)
+                elif not self.trust_conventions:
+                    found.setdefault(i, []).append(j2)
+                    self.by_convention.add(i)
         return found
 
     def guesses(self) -> dict[int, list[int]]:
@@ -556,8 +580,12 @@ def _by_role(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
     return [j for j in cols if j not in taken]
 
 
-def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str) -> Guess:
-    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
+def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str, *,
+           convention: bool = False) -> Guess:
+    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and only the "
+           "conventions of two code bases' names (numbers, role tables) tell which is which"
+           if convention else
+           f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
            "their names nor their numbers tell which is which")
     return Guess(tuple(f"{b[k].path}.{leaf}" for k in others), why)
 
@@ -565,7 +593,7 @@ def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str) -> Guess:
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
           source_infos: dict[str, TensorInfo], fits: Fits,
           bookkeeping: Bookkeeping = lambda name: False, *,
-          source_ordered: bool = True) -> Alignment:
+          source_ordered: bool = True, trust_conventions: bool = True) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -576,6 +604,8 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         fits: Whether a source tensor can fill a target tensor (shapes, layouts, kinds).
         bookkeeping: Whether a key is a bookkeeping buffer, left out of a module's size.
         source_ordered: False when the source's order was recovered from sorted names.
+        trust_conventions: Whether roles and numbers of names settle a pair among same-shape
+            siblings (a module source); else such pairs are guesses.
 
     Returns:
         The pairs that are certain, and why the others that could fit stayed unpaired.
@@ -592,12 +622,14 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     ub.keep_contexts(common)
     _fill_by_units(aligner, ua, ub)
     _repair(aligner.pairs, ua, ub)
-    result = _paired_tensors(aligner, _Judge(aligner, ua, ub).guesses())
+    judge = _Judge(aligner, ua, ub, trust_conventions=trust_conventions)
+    result = _paired_tensors(aligner, judge.guesses(), judge.by_convention)
     result.ambiguous = _ambiguous(aligner)
     return result
 
 
-def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]]) -> Alignment:
+def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
+                    by_convention: set[int]) -> Alignment:
     """The tensor pairs of the module pairs, each with its evidence."""
     a, b = aligner.a, aligner.b
     result = Alignment({})
@@ -609,7 +641,10 @@ def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]]) -> Alignme
             result.pairs[target] = source
             result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
             if i in guessed:
-                result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2])
+                result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2],
+                                                convention=i in by_convention)
+                if i in by_convention:
+                    result.by_convention.add(target)
     return result
 
 

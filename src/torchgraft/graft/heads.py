@@ -1,0 +1,217 @@
+"""Attention head counts: what a model's modules, or a checkpoint's config, say of them.
+
+Two attentions with the same weight shapes and another number of heads compute something else,
+and a bare state dict holds names and shapes only. Each side's counts are read through one
+table of the names code bases give them (:data:`HEAD_ATTRIBUTES`): a module's attributes, its
+``config``, a ``config.json``. Where a graft crosses code bases and the source states no counts
+(or others) than the model's, the model's head count is an assumption
+(:func:`head_assumption`), which makes the verdict ``unverified`` until outputs are compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..checkpoint import Checkpoint
+from ..errors import TorchgraftError
+from .evidence import Assumption
+from .source_model import read_config
+
+if TYPE_CHECKING:
+    from .source import GraftSource
+
+__all__ = ["HEADS_SETTLE", "HEAD_ATTRIBUTES", "Counts", "Described", "config_heads",
+           "describe_sides", "head_assumption", "model_heads"]
+
+#: The attribute names (of a module, of its ``config``) and config keys that state an
+#: attention's head counts, to the count each states.
+HEAD_ATTRIBUTES: dict[str, str] = {
+    "num_heads": "heads", "n_head": "heads", "n_heads": "heads", "num_attention_heads": "heads",
+    "encoder_attention_heads": "heads", "decoder_attention_heads": "heads",
+    "n_audio_head": "heads", "n_text_head": "heads",
+    "num_key_value_heads": "kv heads", "num_kv_heads": "kv heads", "n_kv_heads": "kv heads",
+    "n_local_heads": "kv heads",
+    "head_dim": "head size", "head_size": "head size", "attention_head_size": "head size",
+}
+_ORDER = ("heads", "kv heads", "head size")
+
+#: How a head-count assumption is settled.
+HEADS_SETTLE = ("give source_model= (a module of the source's code base, or a callable that "
+                "builds one), graft from its saved folder with its config.json, or compare "
+                "outputs with example_inputs= (CLI: --verify with --inputs or --source-model)")
+
+#: Count (``heads``, ``kv heads``, ``head size``) to the values a side states.
+Counts = dict[str, frozenset[int]]
+
+#: Sub-configs are searched this deep (``text_config``, timm's ``model_args``).
+_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class Described:
+    """What the two sides of a graft state of their models beyond names and shapes.
+
+    Attributes:
+        source: The head counts the source states: its module's attributes, the config.json
+            beside its file, its format's metadata; empty for a bare state dict.
+        target: The model's head counts, from its modules and their configs.
+        source_where: Where the source's counts come from, for messages.
+        source_is_module: Whether the source is a module. A file from another code base is
+            told apart from same-shape siblings by its names' conventions only (numbers, role
+            tables): those pairs are guesses (:mod:`~torchgraft.graft.structure`).
+    """
+
+    source: Counts = field(default_factory=dict)
+    target: Counts = field(default_factory=dict)
+    source_where: str = "the checkpoint"
+    source_is_module: bool = False
+
+
+def _gather(found: dict[str, set[int]], items: Iterable[tuple[str, Any]]) -> None:
+    for name, value in items:
+        count = HEAD_ATTRIBUTES.get(name)
+        if count is not None and isinstance(value, int) and not isinstance(value, bool) \
+                and value > 0:
+            found.setdefault(count, set()).add(value)
+
+
+def _frozen(found: dict[str, set[int]]) -> Counts:
+    return {count: frozenset(found[count]) for count in _ORDER if count in found}
+
+
+def _walk(config: Mapping[str, Any], found: dict[str, set[int]], depth: int) -> None:
+    _gather(found, ((str(k), v) for k, v in config.items()))
+    if depth < _DEPTH:
+        for value in config.values():
+            if isinstance(value, Mapping):
+                _walk(value, found, depth + 1)
+
+
+def config_heads(config: Mapping[str, Any]) -> Counts:
+    """The head counts a config states, at its top and in its sub-configs.
+
+    Args:
+        config: A config's content (a transformers ``config.json``, timm's with its
+            ``model_args``).
+
+    Returns:
+        Count to values; empty when it states none.
+    """
+    found: dict[str, set[int]] = {}
+    _walk(config, found, 0)
+    return _frozen(found)
+
+
+def _config_data(config: Any) -> Mapping[str, Any]:
+    """A ``config`` attribute's content: ``to_dict()`` (transformers), a dataclass, its fields."""
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        data = to_dict()
+        return data if isinstance(data, Mapping) else {}
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config)}
+    return vars(config) if hasattr(config, "__dict__") else {}
+
+
+def model_heads(model: nn.Module) -> Counts:
+    """The head counts a model's modules state: their attributes and their ``config``.
+
+    Args:
+        model: The model.
+
+    Returns:
+        Count to values; empty when no module states one.
+    """
+    found: dict[str, set[int]] = {}
+    configs: dict[int, Any] = {}
+    for module in model.modules():
+        attributes = vars(module)
+        _gather(found, ((name, attributes[name]) for name in HEAD_ATTRIBUTES
+                        if name in attributes))
+        config = attributes.get("config")
+        if config is not None:
+            configs.setdefault(id(config), config)
+    for config in configs.values():
+        _walk(_config_data(config), found, 0)
+    return _frozen(found)
+
+
+def _text(counts: Counts) -> str:
+    return ", ".join(f"{' or '.join(str(v) for v in sorted(counts[c]))} {c}" for c in counts)
+
+
+def head_assumption(described: Described, attention: Callable[[], bool]) -> Assumption | None:
+    """The model's head count as an assumption, unless the source states the same counts.
+
+    Called for grafts across code bases.
+
+    Args:
+        described: What both sides state.
+        attention: Whether the model has attention, for a model whose modules state no
+            counts (asked only then).
+
+    Returns:
+        The assumption, or ``None`` when the source's counts confirm the model's or the model
+        has no attention.
+    """
+    source, target = described.source, described.target
+    shared = source.keys() & target.keys()
+    if shared and all(source[count] == target[count] for count in shared):
+        return None
+    if not target and not attention():
+        return None
+    model = (f"the model's: {_text(target)}" if target
+             else "the model's (its modules do not state it)")
+    if not source:
+        why = ("the checkpoint does not state its attention head count (a bare state dict of "
+               "another code base), and another head count has the same shapes")
+    elif shared:
+        why = (f"{described.source_where} states {_text(source)}, not the model's: the same "
+               "shapes with another head count")
+    else:
+        why = (f"{described.source_where} states {_text(source)}, which does not tell the "
+               "model's head count")
+    return Assumption("attention head count", model, why, HEADS_SETTLE)
+
+
+def _folder_config(source: Any) -> dict[str, Any] | None:
+    """The config.json beside a checkpoint path (or in its folder), if it has a readable one."""
+    path = source.path if isinstance(source, Checkpoint) else source
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    folder = Path(path)
+    try:
+        return read_config(folder if folder.is_dir() else folder.parent)
+    except TorchgraftError:  # an unreadable config describes nothing; verification says why
+        return None
+
+
+def describe_sides(source: Any, opened: GraftSource, target: nn.Module) -> Described:
+    """What a graft's source and model state of their head counts.
+
+    Args:
+        source: The graft's source as given (a path, a module...).
+        opened: The opened source (its module, its format's stated head sizes).
+        target: The model.
+
+    Returns:
+        The source's counts (its module's; else its config.json's and its format's metadata),
+        the model's, and whether the source is a module.
+    """
+    counts = model_heads(target)
+    if opened.module is not None:
+        return Described(model_heads(opened.module), counts, "the source module",
+                         source_is_module=True)
+    config = _folder_config(source)
+    stated = config_heads(config) if config is not None else {}
+    if opened.side.head_dims and "head size" not in stated:
+        stated["head size"] = frozenset(opened.side.head_dims.values())
+    where = "its config.json" if config is not None else "the checkpoint's metadata"
+    return Described(stated, counts, where)
