@@ -149,7 +149,8 @@ def scenarios(world: int) -> dict[str, Callable[[], dict[str, Any]]]:
 
     def graft(model: nn.Module, source: str | Path, **kw: Any) -> dict[str, Any]:
         report = tg.graft(source, model, **kw)
-        return {"ok": report.ok, "report": str(report)}
+        return {"ok": report.ok, "verdict": str(report.verdict),
+                "assumed": [a.what for a in report.assumptions], "report": str(report)}
 
     def fsdp_meta_pt() -> dict[str, Any]:
         model = fsdp(build(MLP, meta=True), flat)

@@ -108,6 +108,9 @@ def test_two_ranks_fill_their_shards_too(sources: Path) -> None:
 
 FILLED = ["fsdp_meta_pt", "fsdp_safetensors", "tp_meta_hf_folder", "fsdp_tp_grid",
           "fused_qkv", "dcp_2_into_4", "dcp_converted_for_4"]
+#: Filled right, and honestly unverified: a bare file's q, k, v fused into the model's qkv (a
+#: layout of another code base) cannot confirm the model's attention head count (issue 16).
+ASSUMED = {"fused_qkv": ["attention head count"]}
 
 
 @pytest.mark.parametrize("scenario", FILLED)
@@ -115,7 +118,11 @@ def test_sharded_model_computes_what_the_unsharded_one_does(
         ranks: list[dict[str, Any]], scenario: str) -> None:
     for rank, results in enumerate(ranks):
         result = results[scenario]
-        assert result.get("ok"), (rank, result)
+        if scenario in ASSUMED:
+            assert result["verdict"] == "unverified", (rank, result)
+            assert result["assumed"] == ASSUMED[scenario], (rank, result)
+        else:
+            assert result.get("ok"), (rank, result)
         assert result["exact"], (rank, result)  # every value bit for bit
         assert result["max_diff"] < 1e-6, (rank, result)  # sharded matmuls sum in other orders
         assert result["trained"], (rank, result)  # forward, backward and a step after it

@@ -11,7 +11,8 @@ from torch import nn
 
 import torchgraft as tg
 from torchgraft.graft import GraftReport, build_plan, parse_rules
-from torchgraft.graft.evidence import EXIT_CODES, Evidence, Verdict
+from torchgraft.graft.evidence import EXIT_CODES, SIBLINGS, Evidence, Verdict
+from torchgraft.graft.heads import Described
 
 from .test_plan import side
 
@@ -69,17 +70,29 @@ def test_same_shape_siblings_without_names_are_guesses() -> None:
 
 
 def test_roles_decide_between_same_shape_siblings_stored_in_another_order() -> None:
-    """ln_2 stored before ln_1: the names' roles (norm#1, norm#2) pair them, not the order."""
+    """ln_2 stored before ln_1: the names' roles (norm#1, norm#2) pair them, not the order.
+
+    From a source module they are structure; from a file of another code base the roles are
+    only the two code bases' conventions: the same pairs are guesses (issue 16's policy).
+    """
     src = side({"h.0.ln_2.weight": (4,), "h.0.ln_1.weight": (4,), "h.0.mlp.weight": (3, 4)},
                order=["h.0.ln_2.weight", "h.0.ln_1.weight", "h.0.mlp.weight"])
     dst = side({"layers.0.input_layernorm.weight": (4,),
                 "layers.0.post_attention_layernorm.weight": (4,), "layers.0.ff.weight": (3, 4)})
-    plan = build_plan(src, dst, match="structure")
+    plan = build_plan(src, dst, match="structure", described=Described(source_is_module=True))
     assert {s.target: (s.source, s.evidence) for s in plan.steps} == {
         "layers.0.input_layernorm.weight": ("h.0.ln_1.weight", Evidence.STRUCTURE),
         "layers.0.post_attention_layernorm.weight": ("h.0.ln_2.weight", Evidence.STRUCTURE),
         "layers.0.ff.weight": ("h.0.mlp.weight", Evidence.STRUCTURE)}
     assert GraftReport.from_plan(plan).ok
+    from_file = build_plan(src, dst, match="structure")
+    assert {s.target: s.source for s in from_file.steps} == {
+        s.target: s.source for s in plan.steps}
+    assert set(from_file.guesses) == {"layers.0.input_layernorm.weight",
+                                      "layers.0.post_attention_layernorm.weight"}
+    assert "conventions" in from_file.guesses["layers.0.input_layernorm.weight"].why
+    assert [a.what for a in from_file.assumptions] == [SIBLINGS]
+    assert GraftReport.from_plan(from_file).verdict is Verdict.UNVERIFIED
 
 
 def test_numbers_decide_siblings_sorted_in_a_file() -> None:
@@ -90,9 +103,13 @@ def test_numbers_decide_siblings_sorted_in_a_file() -> None:
     assert not src.ordered
     dst = side({"s.0.c.1.weight": (4, 4, 3, 3), "s.0.n.1.weight": (4,),
                 "s.0.c.2.weight": (4, 4, 3, 3), "s.0.n.2.weight": (4,)})
-    plan = build_plan(src, dst)
+    plan = build_plan(src, dst, described=Described(source_is_module=True))
     assert {s.target: s.source for s in plan.steps}["s.0.n.2.weight"] == "l.0.bn2.weight"
     assert all(s.evidence is Evidence.STRUCTURE for s in plan.steps)
+    from_file = build_plan(src, dst)  # numbers are a convention of two code bases: guesses
+    assert {s.target: s.source for s in from_file.steps} == {
+        s.target: s.source for s in plan.steps}
+    assert all(s.evidence is Evidence.GUESS for s in from_file.steps)
 
 
 def test_names_are_name_evidence() -> None:

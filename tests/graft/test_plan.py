@@ -7,6 +7,7 @@ import torch
 
 from torchgraft.graft import Side, TensorInfo, build_plan, parse_rules
 from torchgraft.graft.adapt import InputChannels, Rows, Transpose
+from torchgraft.graft.heads import Described
 from torchgraft.graft.layouts import GPT2_CONV1D, PADDLE
 
 
@@ -260,7 +261,8 @@ def test_planning_a_70b_layout_from_metadata() -> None:
     dst.head_dims = {f"layers.{i}.attention": 128 for i in range(layers)}
     plan = build_plan(src, dst, layouts=layouts_for(src, dst))
     assert len(plan.steps) == len(meta) > 2000 and not plan.missing and not plan.unused
-    by_structure = build_plan(src, dst, match="structure")  # a sorted file, names ignored
+    by_structure = build_plan(src, dst, match="structure",  # sorted names, as from a module
+                              described=Described(source_is_module=True))
     assert {s.target: s.source for s in by_structure.steps} == {
         s.target: s.source for s in plan.steps}  # roles pair them: wq is q_proj, w1 gate_proj
     assert not by_structure.guesses and not by_structure.missing

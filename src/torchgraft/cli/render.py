@@ -230,6 +230,9 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
         console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
     for warning in report.warnings:
         console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}", highlight=False)
+    for assumption in report.assumptions:
+        console.print(f"  [yellow]assumed[/yellow]: {safe_text(assumption.describe())}",
+                      highlight=False)
     if report.settle():
         console.print(f"  [yellow]unverified[/yellow]: {safe_text(report.settle())}",
                       highlight=False)

@@ -144,7 +144,10 @@ def model_heads(model: nn.Module) -> Counts:
 
 
 def _text(counts: Counts) -> str:
-    return ", ".join(f"{' or '.join(str(v) for v in sorted(counts[c]))} {c}" for c in counts)
+    """``4 heads, 2 kv heads, head size 16``."""
+    values = {c: " or ".join(str(v) for v in sorted(counts[c])) for c in counts}
+    return ", ".join(f"head size {v}" if c == "head size" else f"{v} {c}"
+                     for c, v in values.items())
 
 
 def head_assumption(described: Described, attention: Callable[[], bool]) -> Assumption | None:

@@ -206,7 +206,8 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
     counts = report.headline().partition(": ")[2]
     verdict = (f'<span class="{"ok" if report.ok else "bad"}">'
                f'{html.escape(report.headline().partition(": ")[0])}</span>')
-    notes = [*([report.settle()] if report.settle() else []), *report.warnings]
+    notes = [*(f"assumed: {a.describe()}" for a in report.assumptions),
+             *([report.settle()] if report.settle() else []), *report.warnings]
     filters = "<input type=search id=search placeholder='search keys' aria-label='search keys'>"
     filters += "".join(
         f'<label><input type=checkbox checked value="{kind}"><span class=swatch '

@@ -250,7 +250,7 @@ class GraftReport:
 
     def settle(self) -> str:
         """Why the verdict is unverified and how to settle it, in one line (or empty)."""
-        parts = [f"assumed the {a.what}, {a.assumed}: {a.why}; to settle it, {a.settle}"
+        parts = [f"the {a.what} was assumed ({a.assumed}); to settle it, {a.settle}"
                  for a in self.assumptions if a.what != SIBLINGS]
         if self.guesses:
             ways = dict.fromkeys(g.settle for g in self.guesses.values())
