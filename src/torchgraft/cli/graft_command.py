@@ -129,7 +129,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         except GraftError as exc:
             report, failed = exc.report, str(exc)
         if failed is None and not report.ok and not allow_incomplete:
-            settle = ("settle the guesses with --verify (and --inputs or --source-model), or "
+            settle = ("settle what was guessed or assumed with --verify (and --inputs or "
+                      "--source-model), or "
                       if report.complete else "")
             failed = (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
                       f"{settle}--allow-incomplete saves it anyway")

@@ -39,6 +39,7 @@ HEAD_ATTRIBUTES: dict[str, str] = {
     "num_key_value_heads": "kv heads", "num_kv_heads": "kv heads", "n_kv_heads": "kv heads",
     "n_local_heads": "kv heads",
     "head_dim": "head size", "head_size": "head size", "attention_head_size": "head size",
+    "hidden_size_per_attention_head": "head size",
 }
 _ORDER = ("heads", "kv heads", "head size")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -95,6 +96,7 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
         return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
     candidate = _candidate(source, want)
     if candidate is None:
+        _unbuilt_config(source, warnings)
         if want.verify is True:
             raise TorchgraftError(
                 "verify=True needs something to compare with: a source module with "
@@ -141,6 +143,18 @@ def _from_module_config(module: nn.Module) -> Inputs:
     to_dict = getattr(getattr(module, "config", None), "to_dict", None)
     config = to_dict() if callable(to_dict) else None
     return from_config(config) if isinstance(config, dict) else Inputs()
+
+
+def _unbuilt_config(source: Any, warnings: list[str]) -> None:
+    """Say so when a checkpoint's folder has a config.json that no model is built from."""
+    if not isinstance(source, (str, os.PathLike)):
+        return
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    if (folder / "config.json").is_file():
+        warnings.append(f"outputs were not compared: {folder / 'config.json'} names no "
+                        "transformers class torchgraft builds (another library's config, "
+                        "remote code, or transformers not installed); pass source_model= "
+                        "(and example_inputs) to compare")
 
 
 def _candidate(source: Any, want: Want) -> SourceModel | None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from .adapt import RotaryPermute
 from .evidence import Evidence
+from .heads import model_heads
 from .plan import Plan
 from .reference import Reference
 from .report import GraftReport
@@ -191,11 +192,8 @@ def _settle(report: GraftReport, plan: Plan, target: nn.Module, reference: Refer
     return None
 
 
-_HEAD_DIM_NAMES = ("head_dim", "head_size", "hidden_size_per_attention_head")
-
-
 def _head_dims(*models: nn.Module) -> list[int]:
-    """Head sizes the models say: their modules' attributes and their configs."""
+    """Head sizes the models say: their configs' width per head, their modules' head sizes."""
     found: list[int] = []
     for model in models:
         config = getattr(model, "config", None)
@@ -203,9 +201,7 @@ def _head_dims(*models: nn.Module) -> list[int]:
                          getattr(config, "num_attention_heads", None))
         if isinstance(hidden, int) and isinstance(heads, int) and heads:
             found.append(hidden // heads)
-        for module in model.modules():
-            found += [v for v in (getattr(module, n, None) for n in _HEAD_DIM_NAMES)
-                      if isinstance(v, int) and v > 1]
+        found += sorted(v for v in model_heads(model).get("head size", ()) if v > 1)
     return list(dict.fromkeys(found))
 
 
