@@ -7,6 +7,7 @@ Each subcommand runs in the environment that has its framework, never torchgraft
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-modes  # mlx, mlx-lm
 
 Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
 with the framework's outputs for fixed inputs beside it (``*_io.npz``) so that tests check
@@ -591,10 +592,77 @@ def make_mlx() -> None:
             ["mlx", "mlx-lm", "numpy"])
 
 
+#: mlx-lm's per-module quantization for the modes fixture: every mode MLX has, and affine
+#: widths that do not divide a byte; the rest of the model gets the default (mxfp4).
+_MLX_MODES = {"model.embed_tokens": {"group_size": 32, "bits": 3, "mode": "affine"},
+              "model.layers.0.mlp": {"group_size": 16, "bits": 4, "mode": "nvfp4"},
+              "model.layers.1.mlp": {"group_size": 32, "bits": 8, "mode": "mxfp8"},
+              "model.layers.1.self_attn.o_proj": {"group_size": 64, "bits": 6,
+                                                  "mode": "affine"},
+              "lm_head": {"group_size": 32, "bits": 5, "mode": "affine"}}
+#: One module per mode whose mx.dequantize goes into the fixture (all of them: 350 KB).
+_MLX_CHECKED = ("model.embed_tokens", "model.layers.0.self_attn.q_proj",
+                "model.layers.0.mlp.gate_proj", "model.layers.1.mlp.up_proj",
+                "model.layers.1.self_attn.o_proj", "lm_head")
+
+
+def make_mlx_modes() -> None:
+    """An mlx-lm Llama quantized in every MLX mode, saved by mlx-lm.
+
+    mxfp4 by default; nvfp4, mxfp8 and 3-, 5- and 6-bit affine per module, which mlx-lm writes
+    as per-module entries of the config's ``quantization``.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    out = OUT / "mlx"
+    mx.random.seed(1)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
+
+    def predicate(path: str, _: Any) -> bool | dict[str, Any]:
+        return next((dict(v) for k, v in _MLX_MODES.items()
+                     if path == k or path.startswith(k + ".")), True)
+
+    model, quantized_config = quantize_model(model, config, group_size=None, bits=None,
+                                             mode="mxfp4", quant_predicate=predicate)
+    logits = np.array(model(ids).astype(mx.float32))
+    dequantized = {}
+    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: hasattr(
+            m, "scales")):
+        if name not in _MLX_CHECKED:
+            continue
+        weight = mx.dequantize(module.weight, module.scales, getattr(module, "biases", None),
+                               group_size=module.group_size, bits=module.bits,
+                               mode=module.mode)
+        dequantized[f"{name}.weight"] = np.array(weight.astype(mx.float32))
+        dequantized[f"{name}.dtype"] = np.array(str(weight.dtype))
+    save_model(out / "llama_modes", model)
+    save_config(quantized_config, out / "llama_modes" / "config.json")
+    np.savez_compressed(out / "llama_modes_io.npz", ids=np.array(ids), logits=logits,
+                        **dequantized)
+    files = [*sorted(str(p.relative_to(OUT)) for p in (out / "llama_modes").iterdir()),
+             "mlx/llama_modes_io.npz"]
+    _record("mlx/llama_modes", files,
+            "mlx-lm llama.Model (mx.random.seed 1) quantized by mlx_lm.utils.quantize_model in "
+            "mode mxfp4, with per-module entries (quant_predicate) for nvfp4, mxfp8 and 3-, 5- "
+            "and 6-bit affine, saved by save_model/save_config; logits: the quantized MLX "
+            "model's; '<module>.weight': mx.dequantize of one module per mode (as float32, "
+            "'<module>.dtype' the dtype mx.dequantize gave)",
+            ["mlx", "mlx-lm", "numpy"])
+
+
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
                                           "keras": make_keras, "keras-full": make_keras_full,
                                           "flax": make_flax, "orbax": make_orbax,
-                                          "mlx": make_mlx}
+                                          "mlx": make_mlx, "mlx-modes": make_mlx_modes}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):
