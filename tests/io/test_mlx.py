@@ -109,6 +109,10 @@ def test_every_mlx_mode_dequantizes_as_mx_dequantize_and_grafts() -> None:
 def test_modes_folder_converts_to_the_dequantized_weights(tmp_path: Path, suffix: str) -> None:
     info = tg.inspect(MODES_FOLDER)
     assert info.extras["__metadata__"]["quantization"]["mode"] == "mxfp4"
+    assert info.extras["__metadata__"]["dequantized"] == {
+        "mxfp4 4-bit, groups of 32": 7, "nvfp4 4-bit, groups of 16": 3,
+        "mxfp8 8-bit, groups of 32": 3, "affine 3-bit, groups of 32": 1,
+        "affine 6-bit, groups of 64": 1, "affine 5-bit, groups of 32": 1}
     out = tmp_path / f"llama{suffix}"
     tg.convert(MODES_FOLDER, out)
     written = tg.load(out)

@@ -124,11 +124,16 @@ def _quantized_modules(root: dict[str, Any]) -> dict[str, dict[str, TensorRef]]:
 
 
 def _dequantize_root(root: dict[str, Any], quantization: dict[str, Any] | None,
-                     path: Path) -> dict[str, Any]:
-    """Replace every quantized module's stored tensors by its float ``X.weight``."""
+                     path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Replace every quantized module's stored tensors by its float ``X.weight``.
+
+    Returns:
+        The new root, and how many weights each (mode, bits, group size) held.
+    """
     modules = _quantized_modules(root)
+    counts: dict[str, int] = {}
     if not modules:
-        return root
+        return root, counts
     if quantization is None:
         raise UnsupportedCheckpointError(
             f"'{next(iter(modules))}' is MLX-quantized (weight, scales) and the folder's "
@@ -142,7 +147,9 @@ def _dequantize_root(root: dict[str, Any], quantization: dict[str, Any] | None,
         for leaf in parts:
             del out[f"{module}.{leaf}"]
         out[f"{module}.weight"] = _dequantized(module, claim, parts, path)
-    return out
+        kind = "{} {}-bit, groups of {}".format(*claim)
+        counts[kind] = counts.get(kind, 0) + 1
+    return out, counts
 
 
 def _open_file(path: Path, options: ReadOptions) -> Contents:
@@ -162,8 +169,9 @@ def _open_folder(path: Path, options: ReadOptions) -> Contents:
     inner = open_contents(checkpoint_in(path), options.part())
     root = inner.root
     if isinstance(root, dict):
-        root = _dequantize_root(root, quantization, path)
-        root["__metadata__"] = {"framework": "mlx", "quantization": quantization or {}}
+        root, counts = _dequantize_root(root, quantization, path)
+        root["__metadata__"] = {"framework": "mlx", "dequantized": counts,
+                                "quantization": quantization or {}}
     return Contents("mlx", path, root, inner.closers)
 
 
