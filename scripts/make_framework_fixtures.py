@@ -3,6 +3,7 @@
 Each subcommand runs in the environment that has its framework, never torchgraft's own:
 
     python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
+    python scripts/make_framework_fixtures.py gguf-qwen2 gguf-qwen2-bf16    # the same
     /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
@@ -204,15 +205,17 @@ def make_gguf() -> None:
             ["gguf", "transformers", "torch", "numpy"])
 
 
-def make_gguf_qwen2() -> None:
+def make_gguf_qwen2(precision: str = "f16") -> None:
     """A tiny transformers Qwen2 (q/k/v biases) written by GGUFWriter as llama.cpp writes it.
 
     Names mapped, rows not permuted (qwen2 is not rotary-permuted by the converter); F32 norms
-    and biases, F16 matrices.
+    and biases, F16 (or BF16, as llama.cpp's ``--outtype bf16`` writes them) matrices.
     """
     import gguf
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    rounded = {"f16": torch.float16, "bf16": torch.bfloat16}[precision]
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
@@ -224,7 +227,7 @@ def make_gguf_qwen2() -> None:
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    path = OUT / "gguf" / "qwen2_f16.gguf"
+    path = OUT / "gguf" / f"qwen2_{precision}.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_block_count(2)
     writer.add_embedding_length(64)
@@ -233,7 +236,7 @@ def make_gguf_qwen2() -> None:
     with torch.no_grad():
         for key, value in model.state_dict().items():
             if value.dim() == 2:
-                value.copy_(value.half().float())  # the file's F16 values, exactly
+                value.copy_(value.to(rounded).float())  # the file's values, exactly
             parts = key.split(".")
             if key == "model.embed_tokens.weight":
                 gname = "token_embd.weight"
@@ -244,18 +247,23 @@ def make_gguf_qwen2() -> None:
             else:
                 gname = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
             array = value.numpy()
-            writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
+            if array.ndim == 2 and precision == "bf16":
+                kind = gguf.GGMLQuantizationType.BF16
+                writer.add_tensor(gname, gguf.quants.quantize(array, kind), raw_dtype=kind)
+            else:
+                writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
         ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
         logits = model(ids).logits.numpy()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    np.savez(OUT / "gguf" / "qwen2_f16_io.npz", ids=ids.numpy(), logits=logits)
-    _record("gguf/qwen2_f16", ["gguf/qwen2_f16.gguf", "gguf/qwen2_f16_io.npz"],
-            "transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to F16) "
-            "written with gguf.GGUFWriter as llama.cpp's converter writes qwen2 (no row "
-            "permutation); logits: the transformers model's",
+    np.savez(OUT / "gguf" / f"qwen2_{precision}_io.npz", ids=ids.numpy(), logits=logits)
+    _record(f"gguf/qwen2_{precision}",
+            [f"gguf/qwen2_{precision}.gguf", f"gguf/qwen2_{precision}_io.npz"],
+            f"transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to "
+            f"{precision.upper()}) written with gguf.GGUFWriter as llama.cpp's converter writes "
+            "qwen2 (no row permutation); logits: the transformers model's",
             ["gguf", "transformers", "torch", "numpy"])
 
 
@@ -660,6 +668,7 @@ def make_mlx_modes() -> None:
 
 
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
+                                          "gguf-qwen2-bf16": lambda: make_gguf_qwen2("bf16"),
                                           "keras": make_keras, "keras-full": make_keras_full,
                                           "flax": make_flax, "orbax": make_orbax,
                                           "mlx": make_mlx, "mlx-modes": make_mlx_modes}

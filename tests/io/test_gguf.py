@@ -62,15 +62,20 @@ def test_k_quant_error_is_what_llama_cpp_gets() -> None:
         assert (io[f"rel_rms_error_{qtype}"] < bound).all(), qtype
 
 
-def test_qwen2_with_biases_and_tied_embeddings_grafts() -> None:
+@pytest.mark.parametrize("precision", ["f16", "bf16"])
+def test_qwen2_with_biases_and_tied_embeddings_grafts(precision: str) -> None:
     config = transformers.Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, max_position_embeddings=64,
                                       tie_word_embeddings=True, rope_theta=10000.0)
     model = transformers.Qwen2ForCausalLM(config).eval()
-    report = tg.graft(FIXTURES / "qwen2_f16.gguf", model)
+    path = FIXTURES / f"qwen2_{precision}.gguf"
+    with tg.open(path) as ckpt:  # F16/BF16 matrices are read as stored, memory-mapped
+        assert ckpt["model.layers.0.mlp.up_proj.weight"].dtype == getattr(torch, {
+            "f16": "float16", "bf16": "bfloat16"}[precision])
+    report = tg.graft(path, model)
     assert report.ok, report
-    io = np.load(FIXTURES / "qwen2_f16_io.npz")
+    io = np.load(FIXTURES / f"qwen2_{precision}_io.npz")
     with torch.no_grad():
         logits = model(torch.from_numpy(io["ids"])).logits.numpy()
     np.testing.assert_allclose(logits, io["logits"], rtol=0, atol=1e-6)
