@@ -5,7 +5,7 @@ Each subcommand runs in the environment that has its framework, never torchgraft
     python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
     python scripts/make_framework_fixtures.py gguf-qwen2 gguf-qwen2-bf16    # the same
     /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
-    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
+    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax flax-bf16   # jax, flax
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-modes  # mlx, mlx-lm
@@ -467,6 +467,29 @@ def make_flax() -> None:
             ["jax", "flax", "transformers", "numpy"])
 
 
+
+def make_flax_bf16() -> None:
+    """The linen CNN with bfloat16 variables, saved by flax.serialization.to_bytes.
+
+    Its outputs are Flax's, with those bfloat16 values computed in float32.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import serialization
+
+    out = OUT / "flax"
+    rng = np.random.default_rng(1)
+    module, x = _flax_cases(rng)["cnn"]
+    variables = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16),
+                                       _flax_variables(module, x, rng))
+    (out / "cnn_bf16.msgpack").write_bytes(serialization.to_bytes(variables))
+    widened = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), variables)
+    np.savez(out / "cnn_bf16_io.npz", x=x, y=np.asarray(module.apply(widened, x)))
+    _record("flax/cnn_bf16", ["flax/cnn_bf16.msgpack", "flax/cnn_bf16_io.npz"],
+            "the flax linen CNN (variables randomised, seed 1) cast to bfloat16 and saved with "
+            "flax.serialization.to_bytes; y: Flax's outputs with those values in float32",
+            ["jax", "flax", "numpy"])
+
 # --- Orbax ---------------------------------------------------------------------------------
 
 def _nnx_net() -> Any:
@@ -670,7 +693,8 @@ def make_mlx_modes() -> None:
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
                                           "gguf-qwen2-bf16": lambda: make_gguf_qwen2("bf16"),
                                           "keras": make_keras, "keras-full": make_keras_full,
-                                          "flax": make_flax, "orbax": make_orbax,
+                                          "flax": make_flax, "flax-bf16": make_flax_bf16,
+                                          "orbax": make_orbax,
                                           "mlx": make_mlx, "mlx-modes": make_mlx_modes}
 
 if __name__ == "__main__":
