@@ -121,3 +121,16 @@ def test_torchgraft_never_imports_tensorflow_jax_or_mlx(onnx_file: Path) -> None
     assert result.returncode == 0, result.stderr[-2000:]
     found = json.loads(result.stdout.splitlines()[-1])
     assert found == {"attempts": [], "loaded": []}
+
+
+@pytest.mark.parametrize(("fixture", "package", "extra"), [
+    ("keras/cnn.keras", "h5py", "keras"),
+    ("gguf/llama_mixed.gguf", "gguf", "gguf"),  # its quantized tensors; F32/F16 need nothing
+    ("orbax/cnn", "tensorstore", "orbax"),
+])
+def test_a_missing_light_reader_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                       fixture: str, package: str,
+                                                       extra: str) -> None:
+    monkeypatch.setitem(sys.modules, package, None)
+    with pytest.raises(tg.MissingDependencyError, match=rf"needs '{package}'.*setup\.sh {extra}"):
+        tg.load(FIXTURES / fixture)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,11 @@ import pytest
 import torch
 
 import torchgraft as tg
-from torchgraft.errors import CorruptCheckpointError, UnsupportedCheckpointError
+from torchgraft.errors import (
+    CorruptCheckpointError,
+    TorchgraftError,
+    UnsupportedCheckpointError,
+)
 from torchgraft.io.mlx_quant import unpack
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "mlx"
@@ -149,6 +154,25 @@ def test_a_wrong_claim_is_an_error_never_other_values(
     with pytest.raises(error, match=match):
         tg.open(_copy(tmp_path, quantization, MODES_FOLDER))
 
+
+
+def test_a_truncated_shard_or_a_config_bomb_is_an_error_in_bounded_time(tmp_path: Path) -> None:
+    folder = tmp_path / "cut"
+    shutil.copytree(MODES_FOLDER, folder)
+    shard = folder / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(TorchgraftError):
+        tg.load(folder)
+    # A config nested 100,000 deep is not an mlx-lm config: the packed tensors stay as stored
+    # (uint32 words), which no float model takes.
+    bomb = _copy(tmp_path / "bomb", {}, MODES_FOLDER)
+    (bomb / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    start = time.monotonic()
+    with tg.open(bomb) as ckpt:
+        assert ckpt.format != "mlx"
+        assert ckpt["lm_head.weight"].dtype == torch.uint32
+    assert time.monotonic() - start < 2
+    assert not tg.graft(bomb, _llama(), strict=False).ok
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6, 8])
 def test_codes_unpack_as_one_little_endian_bit_stream(bits: int) -> None:
