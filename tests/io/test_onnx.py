@@ -190,6 +190,34 @@ def test_scripted_control_flow_grafts_back_through_its_subgraphs(tmp_path: Path)
     assert not tg.graft(path, Branchy(hidden=6), strict=False).ok
 
 
+class CondNet(nn.Module):
+    """``torch.cond``: the dynamo exporter's If, whose branches use the main graph's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, self.a, self.b, (x,))  # type: ignore[no-any-return]
+
+
+def test_dynamo_export_of_torch_cond_grafts_back(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = CondNet().eval()
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(4))
+    path = tmp_path / "cond.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True)
+    assert "If" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    target = CondNet()
+    report = tg.graft(path, target)
+    assert report.ok, report
+    with torch.no_grad():
+        for sign in (1, -1):
+            torch.testing.assert_close(target(sign * x.abs()), model(sign * x.abs()), rtol=0,
+                                       atol=0)
+
 class Switch(nn.Module):
     """``then_proj(x)`` or ``loop_proj(loop_proj(else_proj(x)))``, as the ONNX graph below."""
 
