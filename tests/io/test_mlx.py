@@ -147,6 +147,7 @@ def _claim(module: str, **entry: object) -> dict[str, object]:
     # The wrong affine width: 5 bits claimed for the 6-bit module.
     (_claim("model.layers.1.self_attn.o_proj", bits=5), CorruptCheckpointError, "do not fit"),
     (_claim("lm_head", global_scale=True), UnsupportedCheckpointError, "global scale"),
+    (_claim("lm_head", mode=["affine"]), UnsupportedCheckpointError, "mode"),
 ])
 def test_a_wrong_claim_is_an_error_never_other_values(
         tmp_path: Path, quantization: dict[str, object], error: type[Exception],

@@ -58,7 +58,7 @@ def _parameters(quantization: dict[str, Any], module: str, path: Path) -> tuple[
     own = quantization.get(module)
     chosen = own if isinstance(own, dict) else quantization
     mode, bits, group = chosen.get("mode", "affine"), chosen.get("bits"), chosen.get("group_size")
-    if mode not in MODES or chosen.get("global_scale"):
+    if not isinstance(mode, str) or mode not in MODES or chosen.get("global_scale"):
         raise UnsupportedCheckpointError(
             f"'{module}' is quantized in MLX's {mode!r} mode"
             f"{' with a global scale' if chosen.get('global_scale') else ''}; torchgraft "
@@ -81,7 +81,8 @@ def _check(module: str, claim: tuple[str, int, int], parts: dict[str, TensorRef]
     rows, words = packed.meta.shape[:-1], packed.meta.shape[-1]
     width = words * _WORD_BITS // bits
     floating = scales.meta.dtype.is_floating_point
-    fits = (packed.meta.dtype == torch.uint32 and not width % group
+    fits = (packed.meta.dtype == torch.uint32 and not words * _WORD_BITS % bits
+            and not width % group
             and scales.meta.shape == (*rows, width // group)
             and (biases is not None) == MODES[mode].biases == floating
             and (biases is None or biases.meta.shape == scales.meta.shape)
