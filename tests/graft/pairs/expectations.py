@@ -9,28 +9,12 @@ from __future__ import annotations
 
 #: Why a pair fails today: what the engine lacks.
 GAPS = {
-    "transformers GPT-NeoX -> GPT-NeoX-style GPT":
-        "engine: from the module (ordered by use), GPT-NeoX's parallel-residual norms are "
-        "aligned across blocks; verification catches it (DIVERGED)",
-    "GPT-NeoX-style GPT -> transformers GPT-NeoX":
-        "engine: from the module (ordered by use), the blocks' norms stay ambiguous",
-    "transformers Llama -> torchtune Llama":
-        "engine: torchtune's names (attn.q_proj, output_proj, sa_norm/mlp_norm .scale, "
-        "mlp.w1/w2/w3) are no known family, so the rotary order of q/k is a guess "
-        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
-    "torchtune Llama -> transformers Llama":
-        "engine: torchtune's names are no known family, so the rotary order of q/k is a guess "
-        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
     "transformers Llama -> gpt-fast Llama":
         "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not fused from q/k/v, "
         "with Meta's rotary order; sorted: embed and output ambiguous",
     "gpt-fast Llama -> transformers Llama":
         "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not split, nor its "
         "rotary rows reordered",
-    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
-        "engine: from the sorted file, expand_bn/depthwise_norm go into a block's _bn0/_bn1 "
-        "(same shape) the wrong way round, a guess with other outputs: the convolution before "
-        "each (expand_conv, depthwise_conv) would tell",
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         "engine: OpenAI-layout CLIP: nn.MultiheadAttention's in_proj_weight/bias not split "
         "to q/k/v; bare parameters (positional_embedding, class_embedding) and [in, out] "
@@ -38,40 +22,20 @@ GAPS = {
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
         "engine: q/k/v not fused into nn.MultiheadAttention's in_proj_weight/bias; bare "
         "parameters and [in, out] projections not matched",
-    "openai-whisper -> transformers Whisper":
-        "engine: from the sorted file, encoder and decoder blocks (same shapes) are ordered by "
-        "letters only, so they stay ambiguous",
-    "transformers Whisper -> openai-whisper":
-        "engine: from sorted files, encoder and decoder blocks (same shapes) are ordered by "
-        "letters only, so they stay ambiguous",
 }
 
 #: Why a broken twin is reported ok today: by twin, or by ``twin/flavour`` (none is).
 TWIN_GAPS: dict[str, str] = {}
 
 _FAILING: dict[str, tuple[str, ...]] = {
-    "transformers GPT-NeoX -> GPT-NeoX-style GPT":
-        ("module",),
-    "GPT-NeoX-style GPT -> transformers GPT-NeoX":
-        ("module",),
-    "transformers Llama -> torchtune Llama":
-        ("pt", "safetensors"),
-    "torchtune Llama -> transformers Llama":
-        ("pt", "safetensors"),
     "transformers Llama -> gpt-fast Llama":
         ("module", "pt", "safetensors", "pretrained"),
     "gpt-fast Llama -> transformers Llama":
         ("module", "pt", "safetensors"),
-    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
-        ("safetensors",),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         ("module", "pt", "safetensors"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
         ("module", "pt", "safetensors", "pretrained"),
-    "openai-whisper -> transformers Whisper":
-        ("safetensors",),
-    "transformers Whisper -> openai-whisper":
-        ("safetensors", "pretrained"),
 }
 
 def _reason(pair: str, case: str) -> str:
@@ -96,7 +60,8 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
                  "GPT-NeoX-style GPT -> transformers GPT-NeoX")
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ROTARY_HEADS
-    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama")
+    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama",
+                 "transformers Llama -> torchtune Llama", "torchtune Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}
 
 # The lead's policy (issue 16): a bare state dict (no config, no format metadata) grafted
@@ -105,25 +70,27 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
 # source's outputs (test_pair checks it).
 _ASSUMED_HEADS = ("a bare state dict of another code base does not state its attention head "
                   "count: the model's is assumed (the heads twin has the same shapes)")
-_ASSUMED_SIBLINGS = ("a file of another code base: which same-shape sibling is which (bn1/bn2 "
-                     "and a shortcut's, _bn0/_bn1 of a block) is told only by the two code "
-                     "bases' naming conventions (numbers, role tables): guesses; a timm folder's "
-                     "config names no transformers class, so nothing verifies them")
+_ASSUMED_SIBLINGS = ("a file of another code base: which same-shape sibling is which (bn1/bn2, "
+                     "_bn0/_bn1 of a block) is told only by the two code bases' conventions "
+                     "(numbers and roles in names, a norm right after its convolution in stored "
+                     "order): guesses; a timm folder's config names no transformers class, so "
+                     "nothing verifies them")
 _ASSUMED_BOTH = f"{_ASSUMED_HEADS}; and {_ASSUMED_SIBLINGS}"
 UNDECIDABLE |= {
     (pair, flavour): _ASSUMED_HEADS
     for pair in ("transformers GPT-2 -> nanoGPT", "nanoGPT -> transformers GPT-2",
                  "transformers ViT -> timm ViT")
     for flavour in ("pt", "safetensors")} | {
-    (pair, "pt"): _ASSUMED_HEADS
+    (pair, flavour): _ASSUMED_HEADS
     for pair in ("openai-whisper -> transformers Whisper",
-                 "transformers Whisper -> openai-whisper")} | {
+                 "transformers Whisper -> openai-whisper")
+    for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ASSUMED_SIBLINGS
     for pair, flavours in (
         ("timm ResNet -> transformers ResNet", ("pt", "safetensors", "pretrained")),
         ("transformers ResNet -> timm ResNet", ("pt", "safetensors")),
         ("efficientnet_pytorch EfficientNet -> transformers EfficientNet", ("pt", "safetensors")),
-        ("transformers EfficientNet -> efficientnet_pytorch EfficientNet", ("pt",)))
+        ("transformers EfficientNet -> efficientnet_pytorch EfficientNet", ("pt", "safetensors")))
     for flavour in flavours} | {
     ("timm ViT -> transformers ViT", flavour): _ASSUMED_BOTH
     for flavour in ("pt", "safetensors", "pretrained")}
