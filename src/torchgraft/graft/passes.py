@@ -66,8 +66,9 @@ class Planning:
         ambiguous: Target key to why structure could not decide it.
         described: What both sides state of their models (head counts, a module source).
         across: Source keys renamed by a layout between two code bases.
-        by_convention: Target keys paired among same-shape siblings by the conventions of
-            their names alone (numbers, role tables): guesses for a file's source.
+        by_convention: Target keys paired among same-shape siblings by conventions of code
+            bases alone (numbers and roles in names, stored order): guesses for a file's
+            source.
     """
 
     src: Side
@@ -344,8 +345,9 @@ def assumptions(state: Planning) -> None:
             SIBLINGS,
             f"{len(siblings)} keys paired as their names' conventions say (e.g. "
             f"'{siblings[0].target}' <- '{siblings[0].source}')",
-            "the checkpoint is from another code base, and only the conventions of the two "
-            "code bases' names (numbers, role tables) told these same-shape modules apart"))
+            "the checkpoint is from another code base, and only the two code bases' "
+            "conventions (numbers and roles in names, a norm right after its convolution in "
+            "stored order) told these same-shape modules apart"))
 
 
 def _when(*matches: Match) -> Callable[[Planning], bool]:

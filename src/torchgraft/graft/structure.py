@@ -46,10 +46,11 @@ too, and norms that follow their convolutions are ordered like numbered ones (``
 candidates is a ``guess``, with the other candidates as its alternatives. Before that,
 same-shape pairs of a unit are re-paired by role, then by convolution, then by number.
 
-Roles and numbers are conventions of code bases, not facts of a file: for a source that is not
-a module (``trust_conventions=False``), a pair that only they single out among same-shape
-siblings is a ``guess`` too (listed in ``by_convention``), unless both sides give its modules
-the same name. Convolutions and a real order are facts of the two models, and still decide.
+Roles and numbers in names, and a norm right after its convolution in stored order, are
+conventions of code bases, not facts of a file: for a source that is not a module
+(``trust_conventions=False``), a pair that only they single out among same-shape siblings is a
+``guess`` too (listed in ``by_convention``), unless both sides give its modules the same name.
+A norm's convolution found under its parent (the only one of its width) still decides.
 """
 
 from __future__ import annotations
@@ -761,8 +762,9 @@ def _by_role(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
 
 def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str, *,
            convention: bool = False) -> Guess:
-    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and only the "
-           "conventions of two code bases' names (numbers, role tables) tell which is which"
+    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and only two "
+           "code bases' conventions (numbers and roles in names, a norm right after its "
+           "convolution in stored order) tell which is which"
            if convention else
            f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
            "their names nor their numbers tell which is which")
