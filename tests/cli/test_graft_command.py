@@ -144,3 +144,33 @@ def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     assert kept.returncode == 3 and (tmp_path / "c.pt").is_file()
     assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
     assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")
+
+
+ATTENTION = '''
+from torch import nn
+def attn():
+    m = nn.Sequential()
+    m.attention = nn.MultiheadAttention(8, 2)
+    return m
+'''
+
+
+def test_graft_assumption_exit_3(run: Run, tmp_path: Path) -> None:
+    """A bare file of another code base into a model with attention: its head count is assumed."""
+    models = tmp_path / "attention.py"
+    models.write_text(ATTENTION)
+    source = nn.Sequential()
+    source.mha = nn.MultiheadAttention(8, 2)
+    torch.save(source.state_dict(), tmp_path / "s.pt")
+    args = ["graft", str(tmp_path / "s.pt"), "--model", f"{models}:attn"]
+    result = run(*args, "--out", str(tmp_path / "a.pt"), "--details")
+    assert result.returncode == 3, result.stderr
+    assert "assumed: attention head count: the model's: 2 heads, head size 4" in " ".join(
+        result.stdout.split())
+    assert not (tmp_path / "a.pt").exists() and "guessed or assumed" in result.stdout
+    data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
+    assert data["verdict"] == "unverified" and not data["guesses"]
+    assert data["assumptions"][0]["assumed"] == "the model's: 2 heads, head size 4"
+    html = run(*args, "--out", str(tmp_path / "c.pt"), "--html", str(tmp_path / "r.html"))
+    assert html.returncode == 3
+    assert "assumed: attention head count" in (tmp_path / "r.html").read_text()
