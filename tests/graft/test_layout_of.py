@@ -133,3 +133,58 @@ def test_a_guess_is_refused(llama: tuple[nn.Module, Path], tmp_path: Path) -> No
     save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(bare))
     with pytest.raises(tg.TorchgraftError, match="by a guess"):
         tg.save(META.build(), tmp_path / "out.safetensors", layout_of=bare)
+
+
+class EveryKind(nn.Module):
+    """A tensor for each kind of operation a rule can name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6, bias=False)  # stored transposed
+        self.conv = nn.Conv2d(4, 3, 1, bias=False)  # stored as a Linear's [3, 4]
+        self.norm = nn.LayerNorm(4)  # its weight stored as gamma - 1
+        self.experts = nn.Parameter(torch.zeros(2, 3, 4))  # stored one expert per key
+        self.p = nn.Linear(4, 3, bias=False)  # p and r stored as one [6, 4]
+        self.r = nn.Linear(4, 3, bias=False)
+        self.qkv = nn.Linear(4, 6, bias=False)  # stored as x, y, z, interleaved row by row
+        self.cube = nn.Parameter(torch.zeros(4, 2, 3))  # stored [2, 3, 4]
+
+
+EVERY_KIND: list[object] = [
+    {"op": "transpose", "from": r"a_t\.weight", "to": "a.weight"},
+    {"op": "reshape", "from": r"conv_lin\.weight", "to": "conv.weight", "shape": [3, 4, 1, 1]},
+    {"op": "offset", "from": r"norm\.weight", "delta": 1.0},
+    {"op": "stack", "from": ["e0", "e1"], "to": "experts"},
+    {"op": "split", "from": r"pr\.weight", "count": 2, "to": ["p.weight", "r.weight"]},
+    {"op": "interleave", "from": ["x", "y", "z"], "to": "qkv.weight", "sizes": [1, 1, 1]},
+    {"op": "permute", "from": "cube_stored", "to": "cube", "dims": [2, 0, 1]},
+]
+
+
+def test_every_kind_of_rule_fills_the_model_and_is_undone_bit_for_bit(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(7)
+
+    def values(*shape: int) -> torch.Tensor:  # eighths: gamma - 1 + 1 is exact
+        return torch.randint(-16, 16, shape, generator=generator).float() / 8
+
+    stored = {"a_t.weight": values(4, 6), "conv_lin.weight": values(3, 4),
+              "norm.weight": values(4), "norm.bias": values(4), "e0": values(3, 4),
+              "e1": values(3, 4), "pr.weight": values(6, 4), "x": values(2, 4),
+              "y": values(2, 4), "z": values(2, 4), "cube_stored": values(2, 3, 4)}
+    source = tmp_path / "stored.safetensors"
+    save_file(stored, str(source))
+    model = EveryKind()
+    report = tg.graft(source, model, rules=EVERY_KIND)
+    assert report.ok and report.complete, report
+    assert set(report.matched_by.values()) == {"rule", "exact"}
+    assert torch.equal(model.a.weight, stored["a_t.weight"].T)
+    assert torch.equal(model.conv.weight, stored["conv_lin.weight"][:, :, None, None])
+    assert torch.equal(model.norm.weight, stored["norm.weight"] + 1)
+    assert torch.equal(model.experts, torch.stack([stored["e0"], stored["e1"]]))
+    assert torch.equal(torch.cat([model.p.weight, model.r.weight]), stored["pr.weight"])
+    assert torch.equal(model.qkv.weight[1::3], stored["y"])
+    assert torch.equal(model.cube, stored["cube_stored"].permute(2, 0, 1))
+    tg.save(model, tmp_path / "back.safetensors", layout_of=source, rules=EVERY_KIND)
+    back = load_file(tmp_path / "back.safetensors")
+    assert list(back) == list(load_file(source))
+    assert all(torch.equal(back[k], v) for k, v in stored.items())

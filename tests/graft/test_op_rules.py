@@ -142,3 +142,9 @@ def test_bad_rules_name_the_rule(hf: torch.nn.Module, tmp_path: Path, rule: dict
     message = _error(hf, tmp_path, [[r"^x$", "y"], rule])
     assert message.startswith("rule 2"), message
     assert says in message, message
+
+
+def test_convert_renames_only_and_says_so(hf: torch.nn.Module, tmp_path: Path) -> None:
+    source = _file(hf, tmp_path / "hf.safetensors")
+    with pytest.raises(tg.TorchgraftError, match="rule 1 .*only renaming rules apply here"):
+        tg.convert(source, tmp_path / "out.safetensors", rules=TO_FAST)
