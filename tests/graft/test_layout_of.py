@@ -69,6 +69,21 @@ def test_nanogpt_saved_as_gpt2_loads_in_transformers(gpt2: tuple[nn.Module, Path
     assert torch.equal(run(GPT2, loaded), run(GPT2, hf))
 
 
+def test_a_head_the_file_stores_apart_gets_the_tied_value(gpt2: tuple[nn.Module, Path],
+                                                          tmp_path: Path) -> None:
+    """A state dict written by safetensors stores lm_head apart from wte; nanoGPT ties them."""
+    hf, _ = gpt2
+    stored = {k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()}
+    source = tmp_path / "gpt2.safetensors"
+    save_file(stored, str(source))
+    nano = NANO.build()
+    assert tg.graft(source, nano).ok
+    tg.save(nano, tmp_path / "back.pt", layout_of=source)
+    back = torch.load(tmp_path / "back.pt")
+    assert sorted(back) == sorted(stored)
+    assert all(torch.equal(back[k], v) for k, v in stored.items())
+
+
 def test_meta_llama_saved_in_transformers_layout_undoes_rotary_rows(
         llama: tuple[nn.Module, Path], tmp_path: Path) -> None:
     hf, folder = llama

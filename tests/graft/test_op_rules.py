@@ -136,6 +136,10 @@ def _error(hf: torch.nn.Module, tmp_path: Path, rules: list[Any]) -> str:
     ({"op": "split", "from": Q, "count": 2, "to": ["a"]}, "give one 'to' template per part"),
     ({"op": "concatenate", "from": [Q, r"model\.norm\.weight"], "to": "x"},
      "no key matches"),
+    ({"op": "concatenate", "from": [r".*q_proj\.weight", r".*k_proj\.weight"], "to": "x"},
+     "with the same groups: capture what tells them apart"),
+    ({"op": "concatenate", "from": [Q, K], "to": "lm_head.weight"},
+     "it would make 'lm_head.weight' twice"),
 ])
 def test_bad_rules_name_the_rule(hf: torch.nn.Module, tmp_path: Path, rule: dict[str, Any],
                                  says: str) -> None:
@@ -148,3 +152,12 @@ def test_convert_renames_only_and_says_so(hf: torch.nn.Module, tmp_path: Path) -
     source = _file(hf, tmp_path / "hf.safetensors")
     with pytest.raises(tg.TorchgraftError, match="rule 1 .*only renaming rules apply here"):
         tg.convert(source, tmp_path / "out.safetensors", rules=TO_FAST)
+
+
+def test_a_rule_of_one_input_applies_to_every_key_it_matches(hf: torch.nn.Module,
+                                                              tmp_path: Path) -> None:
+    """Patterns without groups: each q of every layer gets its rotary rows reordered."""
+    rules = [dict(TO_FAST[0], **{"from": r".*\.q_proj\.weight"}), *TO_FAST[1:]]
+    model = FAST.build()
+    assert tg.graft(_file(hf, tmp_path / "hf.safetensors"), model, rules=rules).ok
+    assert outputs_equal(run(FAST, model), run(HF, hf))

@@ -195,27 +195,39 @@ def op_rule(item: Mapping[str, Any], number: int) -> OpRule:
     return rule
 
 
+def _by_groups(rule: OpRule, k: int, names: Sequence[str]) -> dict[tuple[Any, ...], str]:
+    """The keys pattern ``k`` matches, by their groups (which must tell them apart)."""
+    found: dict[tuple[Any, ...], str] = {}
+    for name in names:
+        match = rule.regexes[k].fullmatch(name)
+        if match is None:
+            continue
+        if match.groups() in found:
+            raise rule.error(f"'{rule.sources[k]}' matches '{found[match.groups()]}' and "
+                             f"'{name}' with the same groups: capture what tells them apart "
+                             "(the parts of one tensor are found by equal groups)")
+        found[match.groups()] = name
+    return found
+
+
 def _matches(rule: OpRule, names: Sequence[str]) -> list[tuple[re.Match[str], tuple[str, ...]]]:
     """Each application: the first pattern's match and one key per pattern, same groups."""
-    found: list[dict[tuple[str | Any, ...], tuple[re.Match[str], str]]] = []
-    for regex in rule.regexes:
-        by_groups = {}
-        for name in names:
-            match = regex.fullmatch(name)
-            if match:
-                by_groups[match.groups()] = (match, name)
-        found.append(by_groups)
-    if not found[0]:
+    firsts = [(m, name) for name in names if (m := rule.regexes[0].fullmatch(name))]
+    if not firsts:
         raise rule.error(f"'{rule.sources[0]}' matches no checkpoint key (patterns match whole "
                          "keys); fix the pattern or remove the rule")
+    if len(rule.sources) == 1:
+        return [(match, (name,)) for match, name in firsts]
+    others = [_by_groups(rule, k, names) for k in range(len(rule.sources))]
     out = []
-    for groups, (match, name) in found[0].items():
+    for match, name in firsts:
         keys = [name]
-        for k, by_groups in enumerate(found[1:], start=1):
-            if groups not in by_groups:
+        for k, by_groups in enumerate(others[1:], start=1):
+            if match.groups() not in by_groups:
                 raise rule.error(f"'{name}' matches '{rule.sources[0]}' but no key matches "
-                                 f"'{rule.sources[k]}' with the same groups {list(groups)}")
-            keys.append(by_groups[groups][1])
+                                 f"'{rule.sources[k]}' with the same groups "
+                                 f"{list(match.groups())}")
+            keys.append(by_groups[match.groups()])
         out.append((match, tuple(keys)))
     return out
 
@@ -229,7 +241,9 @@ class _Working:
     derivations: list[Derivation] = field(default_factory=list)
 
 
-def _apply(rule: OpRule, match: re.Match[str], inputs: tuple[str, ...], work: _Working) -> None:
+def _derive(rule: OpRule, match: re.Match[str], inputs: tuple[str, ...],
+            work: _Working) -> tuple[Derivation, list[TensorInfo]]:
+    """One application of a rule: how its outputs are made, and their infos."""
     infos = [work.tensors[name] for name in inputs]
     try:
         op = rule.op([info.shape for info in infos])
@@ -242,17 +256,29 @@ def _apply(rule: OpRule, match: re.Match[str], inputs: tuple[str, ...], work: _W
     if len(made) != len(outputs):
         raise rule.error(f"{op.describe()} makes {len(made)} tensors of '{inputs[0]}', and "
                          f"{len(outputs)} 'to' templates name them")
-    taken = [o for o in outputs if o in work.tensors and o not in inputs]
-    if taken or len(set(outputs)) != len(outputs):
-        raise rule.error(f"it would make '{(taken or list(outputs))[0]}' twice; give each "
-                         "output a name of its own")
-    position = list(work.tensors).index(inputs[0])
-    items = [(k, v) for k, v in work.tensors.items() if k not in inputs]
-    new = [(name, TensorInfo(name, ref.meta.shape, ref.meta.dtype, infos[0].kind))
-           for name, ref in zip(outputs, made, strict=True)]
-    work.tensors = dict(items[:position] + new + items[position:])
     work.refs.update(zip(outputs, made, strict=True))
-    work.derivations.append(Derivation(outputs, op, inputs))
+    return Derivation(outputs, op, inputs), [
+        TensorInfo(name, ref.meta.shape, ref.meta.dtype, infos[0].kind)
+        for name, ref in zip(outputs, made, strict=True)]
+
+
+def _apply(rule: OpRule, work: _Working) -> None:
+    """Every application of a rule; what it makes takes the place of its first input."""
+    applied = [_derive(rule, match, inputs, work)
+               for match, inputs in _matches(rule, list(work.tensors))]
+    consumed = {name for derivation, _infos in applied for name in derivation.inputs}
+    at_first = {derivation.inputs[0]: infos for derivation, infos in applied}
+    tensors: dict[str, TensorInfo] = {}
+    for name, info in work.tensors.items():
+        for new in at_first.get(name, ()):
+            if new.name in tensors or (new.name in work.tensors and new.name not in consumed):
+                raise rule.error(f"it would make '{new.name}' twice; give each output a name "
+                                 "of its own")
+            tensors[new.name] = new
+        if name not in consumed:
+            tensors[name] = info
+    work.tensors = tensors
+    work.derivations += [derivation for derivation, _infos in applied]
 
 
 def apply_op_rules(rules: Sequence[OpRule], side: Side,
@@ -277,8 +303,7 @@ def apply_op_rules(rules: Sequence[OpRule], side: Side,
         return side, []
     work = _Working(dict(side.tensors), refs)
     for rule in rules:
-        for match, inputs in _matches(rule, list(work.tensors)):
-            _apply(rule, match, inputs, work)
+        _apply(rule, work)
     ties = {k: v for k, v in side.ties.items() if k in work.tensors and v in work.tensors}
     order = [name for name in side.order if name in work.tensors]
     order += [name for name in work.tensors if name not in side.tensors]

@@ -229,6 +229,7 @@ def ties(state: Planning) -> None:
         plan.tied[target] = filler[owner]
         source, used = pairs.get(target), pairs[filler[owner]]
         if source is not None and src.ties.get(source, source) != src.ties.get(used, used):
+            plan.apart[source] = filler[owner]
             plan.unused[source] = (f"'{target}' is tied to '{filler[owner]}' in the model, "
                                    f"filled from '{used}'")
             plan.warnings.append(f"'{target}' and '{filler[owner]}' are one tensor in the model "

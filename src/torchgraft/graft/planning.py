@@ -91,6 +91,8 @@ class Plan:
         guesses: Target keys filled by a guess, with their alternatives.
         surplus: Unused source keys of blocks the model lacks (a deeper checkpoint), with the
             reason: the model then computes something else than the checkpoint's.
+        apart: Source keys of tied targets that the checkpoint stores apart (unused), to the
+            target key whose value they hold (the one the tie was filled through).
         layout: The source's stored layout, to run the plan backwards; ``None`` for a plan
             built without it (:func:`~torchgraft.graft.planned.plan_graft` sets it).
     """
@@ -104,4 +106,5 @@ class Plan:
     init: Init = "keep"
     guesses: dict[str, Guess] = field(default_factory=dict)
     surplus: dict[str, str] = field(default_factory=dict)
+    apart: dict[str, str] = field(default_factory=dict)
     layout: SourceLayout | None = None

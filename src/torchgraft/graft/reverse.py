@@ -84,8 +84,15 @@ def _take_apart(layout: SourceLayout, made: dict[str, torch.Tensor], lacking: di
         made.update(zip(derivation.inputs, parts, strict=True))
 
 
-def _ties(layout: SourceLayout, made: dict[str, torch.Tensor]) -> None:
-    """Stored keys that are one tensor with a produced key (tied weights) take its value."""
+def _ties(plan: Plan, layout: SourceLayout, made: dict[str, torch.Tensor],
+          values: Mapping[str, torch.Tensor]) -> None:
+    """Stored keys that are one tensor with a produced key (tied weights) take its value.
+
+    So do keys the checkpoint stores apart for two targets the model ties.
+    """
+    for source, target in plan.apart.items():
+        if source in layout.stored and source not in made:
+            made[source] = values[target].detach().cpu()
     for later, first in layout.ties.items():
         if later not in made and first in made:
             made[later] = made[first]
@@ -125,7 +132,7 @@ def reverse_plan(plan: Plan, values: Mapping[str, torch.Tensor]) -> Reversed:
         else:
             made[step.source] = value
     _take_apart(layout, made, out.lacking, inputs)
-    _ties(layout, made)
+    _ties(plan, layout, made, values)
     for key, info in layout.stored.items():
         if key in made:
             out.tensors[key] = made[key].to(info.dtype).contiguous()
