@@ -75,7 +75,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         model: The target, possibly wrapped in DataParallel, DistributedDataParallel or
             torch.compile, possibly built on the meta device; filled in place.
         rules: ``(regex, replacement)`` pairs applied to source keys first (``None`` drops the
-            key), a mapping of them, or a JSON/YAML file of either.
+            key), a mapping of them, or a JSON/YAML file of either; the list may also hold
+            operations (``{"op": "concatenate", "from": [...], "to": ...}``: concatenate,
+            split, rotary rows, transpose...; :mod:`~torchgraft.graft.op_rules`), which run
+            before the renames.
         match: ``"auto"``, ``"name"`` (no structural matching) or ``"structure"`` (only).
         adapt: Adapt rows and input channels; ``False`` copies exact shapes only.
         init: New rows and re-initialised heads: ``"keep"`` the model's own values,

@@ -51,11 +51,13 @@ class Derivation:
         outputs: The made keys, one per output of ``op``.
         op: The operation.
         inputs: The keys it was applied to, in order.
+        origin: What asked for it, for reports (``rule 3``).
     """
 
     outputs: tuple[str, ...]
     op: ops.TensorOp
     inputs: tuple[str, ...]
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,7 @@ def _derive(rule: OpRule, match: re.Match[str], inputs: tuple[str, ...],
         raise rule.error(f"{op.describe()} makes {len(made)} tensors of '{inputs[0]}', and "
                          f"{len(outputs)} 'to' templates name them")
     work.refs.update(zip(outputs, made, strict=True))
-    return Derivation(outputs, op, inputs), [
+    return Derivation(outputs, op, inputs, f"rule {rule.number}"), [
         TensorInfo(name, ref.meta.shape, ref.meta.dtype, infos[0].kind)
         for name, ref in zip(outputs, made, strict=True)]
 

@@ -71,7 +71,7 @@ def plan_graft(opened: GraftSource, target: Side, *, rules: RulesSpec = None,
     source = experts.side
     derived = {v.name: v.why for v in virtual} | {
         name: why for name, (_parts, why) in experts.virtual.items()} | {
-        name: f"by rule: {d.op.describe()} of {', '.join(d.inputs)}"
+        name: f"by {d.origin}: {d.op.describe()} of {', '.join(d.inputs)}"
         for d in made for name in d.outputs}
     saved_copies = modules_to_save_layout(list(target.tensors)) if scoped else None
     layouts = layouts_for(source, target) + expert_layouts(source, target) + (
