@@ -145,8 +145,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
+    modules = list(target.named_modules())  # one walk, shared: 100k modules take a while
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
-                              tensors=state)
+                              tensors=state, modules=modules)
     opened = open_source(source, example_inputs=source_inputs, **opening)
     try:
         scope = _adapter_scope(opened, target, target_side.tensors)
@@ -154,11 +155,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                              match=match, adapt=adapt, init=init, label_map=label_map)
         plan = planned.plan
         plan.warnings[:0] = warnings
-        _fill(plan, opened, target, state, sharded, _Filling(on_meta, device, progress))
+        _fill(plan, opened, target, state, sharded,
+              _Filling(on_meta, device, progress, modules))
     finally:
         opened.close()
     report = _report(plan, target_side, planned.source, scope)
-    for key in still_on_meta(target) if on_meta else ():
+    for key in still_on_meta(target, modules=modules) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")
@@ -194,11 +196,15 @@ def _init_for(on_meta: bool, init: Init, warnings: list[str]) -> tuple[Init, lis
 
 @dataclass(frozen=True)
 class _Filling:
-    """How the target is filled: on the meta device or not, where, with what progress."""
+    """How the target is filled: on the meta device or not, where, with what progress.
+
+    ``modules`` is the target's ``named_modules()``, walked once and shared.
+    """
 
     on_meta: bool
     device: str | torch.device | None
     progress: Callable[[int, int], None] | None
+    modules: list[tuple[str, nn.Module]]
 
 
 def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, torch.Tensor],
@@ -206,7 +212,7 @@ def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, t
     """Give a meta model storage, fill sharded tensors, then run the plan."""
     assigned: set[str] = set()
     if filling.on_meta:
-        assigned = _materialise(plan, opened, target, state, sharded, filling.device)
+        assigned = _materialise(plan, opened, target, state, sharded, filling)
     if sharded:
         fill_sharded(plan, opened.refs, sharded)
         state = state_tensors(target)  # materialise updated ``state``; DTensors anew
@@ -216,9 +222,11 @@ def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, t
 
 def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
                  state: dict[str, torch.Tensor], sharded: dict[str, Any],
-                 device: str | torch.device | None) -> set[str]:
+                 filling: _Filling) -> set[str]:
     """Storage for a meta model's filled tensors, read straight into it where stored as is."""
-    where = torch.device(device) if device is not None else default_device(target)
+    device = filling.device
+    where = torch.device(device) if device is not None else default_device(
+        target, modules=filling.modules)
     zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
         k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
     as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
@@ -226,7 +234,7 @@ def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
     filled = [s.target for s in plan.steps]
     assigned = materialise(target, [k for k in filled if k not in sharded], where,
                            zeroed=[k for k in zeroed if k not in sharded],
-                           values=as_stored, state=state)
+                           values=as_stored, state=state, modules=filling.modules)
     if sharded:
         materialise_sharded(target, sharded, [*filled, *zeroed],
                             where if device is not None else None)
