@@ -19,7 +19,7 @@ vocabulary) keeps the rows both have.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .adapt import Dequantize, Init, LabelMap
 from .heads import Described
@@ -38,7 +38,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
                init: Init = "keep", label_map: LabelMap | None = None,
                derived: Mapping[str, str] | None = None,
-               doubts: Mapping[str, str] | None = None,
+               doubts: Mapping[str, str] | None = None, ruled: Collection[str] = (),
                described: Described | None = None) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
@@ -54,6 +54,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         derived: Virtual source keys (fused or split tensors) to how they were made.
         doubts: Virtual source keys whose layout is a guess, to why: the keys they fill are
             guesses (the verdict is then unverified until outputs are compared).
+        ruled: Source keys made by the user's operation rules: matched by ``rule``.
         described: What both sides state of their models (head counts; whether the source
             is a module). By default nothing: the source is taken as a bare state dict.
 
@@ -64,7 +65,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
                          source_heads=bool(src.head_dims))
     state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match,
-                     described=described or Described())
+                     ruled=frozenset(ruled), described=described or Described())
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]
     if dequantized:
