@@ -89,6 +89,7 @@ _CONV1D_NAME = re.compile(r"(^|\.)(attn\.c_attn|attn\.q_attn|attn\.c_proj|mlp\.c
                           r"\.(weight|bias)$")
 _CONV1D_WIDE = {re.compile(r"(^|\.)attn\.c_attn\.weight$"): 3,
                 re.compile(r"(^|\.)mlp\.c_fc\.weight$"): 4}
+_WIDE_ENDINGS = ("attn.c_attn.weight", "mlp.c_fc.weight")  # a cheap test before the patterns
 
 
 def _conv1d_pair(src: TensorInfo, dst: TensorInfo) -> bool:
@@ -120,7 +121,8 @@ def mark_file_kinds(side: Side) -> Side:
     """
     wide = any(pattern.search(name) and len(info.shape) == 2
                and info.shape[1] == factor * info.shape[0]
-               for name, info in side.tensors.items() for pattern, factor in _CONV1D_WIDE.items())
+               for name, info in side.tensors.items() if name.endswith(_WIDE_ENDINGS)
+               for pattern, factor in _CONV1D_WIDE.items())
     if wide:
         for name, info in list(side.tensors.items()):
             if _CONV1D_NAME.search(name) and info.kind is None:
@@ -138,6 +140,8 @@ _FAMILIES = {
     "torchtune-qwen2": re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$"),
     "torchtune-llama": re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$"),
 }
+#: Any family's pattern: most names match none, and one search of each tells so.
+_ANY_FAMILY = re.compile("|".join(f"(?:{p.pattern})" for p in _FAMILIES.values()))
 #: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
 #: other code bases with the same attention names.
 _ROTARY_FAMILIES = frozenset(ROTARY_ORDERS)
@@ -190,9 +194,9 @@ def family_of(side: Side) -> str | None:
         The family, or ``None``.
     """
     if "family" not in side.facts:  # asked by several layouts and warnings: scanned once
+        named = [name for name in side.tensors if _ANY_FAMILY.search(name)]
         side.facts["family"] = next((family for family, pattern in _FAMILIES.items()
-                                     if any(pattern.search(name) for name in side.tensors)),
-                                    None)
+                                     if any(pattern.search(name) for name in named)), None)
     family: str | None = side.facts["family"]
     return family
 
