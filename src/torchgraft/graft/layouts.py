@@ -7,14 +7,16 @@ names or module types say they were written differently.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .conventions import ROTARY_ORDERS
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
+__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "ROTARY",
            "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
            "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
            "rotary_warning"]
@@ -135,13 +137,15 @@ _FAMILIES = {
     "transformers-vit": re.compile(
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
+    "torchtune-qwen2": re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$"),
+    "torchtune-llama": re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$"),
 }
 #: Any family's pattern: most names match none, and one search of each tells so.
 _ANY_FAMILY = re.compile("|".join(f"(?:{p.pattern})" for p in _FAMILIES.values()))
 #: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
 #: other code bases with the same attention names.
-_ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
-_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj)\.weight$")
+_ROTARY_FAMILIES = frozenset(ROTARY_ORDERS)
+_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj|mlp\.w1)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
 #: this one table.
@@ -205,15 +209,21 @@ LLAMA_HF_TO_META = Layout(
     name="transformers-llama->meta-llama",
     applies=_between("transformers-llama", "meta-llama"),
     renames=_llama_renames(to_meta=True),
-    rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True),
 )
 
 LLAMA_META_TO_HF = Layout(
     name="meta-llama->transformers-llama",
     applies=_between("meta-llama", "transformers-llama"),
     renames=_llama_renames(to_meta=False),
-    rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
 )
+
+#: Between two rotary families of different row orders (:data:`.conventions.ROTARY_ORDERS`),
+#: the target's q and k rows are reordered into its family's order.
+ROTARY = tuple(
+    Layout(name=f"{source}->{target} rotary rows", applies=_between(source, target),
+           rotary=RotaryRows(order.rows, to_meta=order.interleaved))
+    for source, target in itertools.permutations(ROTARY_ORDERS, 2)
+    if ROTARY_ORDERS[source].interleaved != (order := ROTARY_ORDERS[target]).interleaved)
 
 _VIT_BLOCK = r"^vit\.(?:encoder\.layer|layers)\.(\d+)\."
 _VIT_NAMES = (  # transformers' names (files keep the 4.x ones, v5 modules rename), timm's
@@ -276,7 +286,7 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM,
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY, VIT_HF_TO_TIMM,
            QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
 
 
