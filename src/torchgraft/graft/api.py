@@ -171,7 +171,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in planned.source.tensors.values()))
         _verify(report, plan, (source, opened.module, target), want, opening)
-    logger.debug("%s", str(report).splitlines()[0])
+    if logger.isEnabledFor(logging.DEBUG):  # the report's text lists every key
+        logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
         raise GraftError(report)
     return report
@@ -232,7 +233,7 @@ def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
     zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
         k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
     as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
-                 if not s.ops and not s.cast and where.type == "cpu"}
+                 if not s.ops and not s.cast} if where.type == "cpu" else {}
     filled = [s.target for s in plan.steps]
     assigned = materialise(target, [k for k in filled if k not in sharded], where,
                            zeroed=[k for k in zeroed if k not in sharded],

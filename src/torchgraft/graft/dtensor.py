@@ -62,6 +62,9 @@ SLICE_AWARE: dict[type[Any], Callable[[Block], Block]] = {Transpose: _transposed
                                                          Derived: _same}
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
 def sharded_targets(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, DTensor]:
     """The model's DTensor tensors; refuse what no graft can fill.
 
@@ -76,7 +79,8 @@ def sharded_targets(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[st
         UnsupportedModelError: If a tensor is another tensor subclass, or a DTensor is placed
             in a way that has no block of the whole tensor per rank (``Partial``).
     """
-    subclassed = {k: t for k, t in state.items() if type(t.detach()) is not torch.Tensor}
+    subclassed = {k: t for k, t in state.items()  # the type first: detach() costs a tensor
+                  if type(t) not in _PLAIN and type(t.detach()) is not torch.Tensor}
     if not subclassed:
         return {}
     from torch.distributed.tensor import DTensor, Replicate, Shard

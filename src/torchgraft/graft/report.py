@@ -105,8 +105,9 @@ class GraftReport:
             report.evidence[step.target] = step.evidence
             if step.target in plan.guesses:
                 report.guesses[step.target] = plan.guesses[step.target]
-            if step.describe():
-                report.adapted[step.target] = step.describe()
+            done = step.describe()
+            if done:
+                report.adapted[step.target] = done
         report.missing = list(plan.missing)
         report.unused = list(plan.unused)
         report.reinitialised = dict(plan.reinitialised)
