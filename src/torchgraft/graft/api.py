@@ -29,6 +29,7 @@ from .html import describe
 from .inputs import Inputs
 from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
+from .norms import NormOffsets, norm_offsets
 from .plan import Match, build_plan
 from .quantized_target import graft_quantized
 from .reference import Want, reference_for
@@ -177,7 +178,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               + expert_layouts(source_side, target_side)
                               + ([saved_copies] if saved_copies else []), match=match,
                               adapt=adapt, init=init, label_map=label_map, derived=derived,
-                              doubts={v.name: v.doubt for v in virtual if v.doubt})
+                              doubts={v.name: guess for v in virtual
+                                      if (guess := v.guess()) is not None},
+                              norms=NormOffsets(norm_offsets(opened.module) if opened.module
+                                                else {}, norm_offsets(target)))
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
         explain(plan, experts)
@@ -300,7 +304,7 @@ def _meta_inputs(inputs: Any) -> Any:
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
-                                       "unstacked")) for text in
+                                       "unstacked", "reshaped", "unit offset")) for text in
                       report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .adapt import Dequantize, Init, LabelMap
+from .evidence import Guess
 from .layouts import Layout
+from .norms import NormOffsets
 from .passes import Planning, run_passes
 from .planning import BOOKKEEPING, REINITIALISED, Match, Plan, PlanStep, is_bookkeeping
 from .rules import Rule
@@ -37,7 +39,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
                init: Init = "keep", label_map: LabelMap | None = None,
                derived: Mapping[str, str] | None = None,
-               doubts: Mapping[str, str] | None = None) -> Plan:
+               doubts: Mapping[str, Guess] | None = None,
+               norms: NormOffsets | None = None) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
     Args:
@@ -50,15 +53,16 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         init: How new rows are filled: ``"keep"``, ``"normal"`` or ``"zeros"``.
         label_map: Which source rows fill which target rows in row adaptations.
         derived: Virtual source keys (fused or split tensors) to how they were made.
-        doubts: Virtual source keys whose layout is a guess, to why: the keys they fill are
-            guesses (the verdict is then unverified until outputs are compared).
+        doubts: Virtual source keys whose layout is a guess, to the guess: the keys they fill
+            are guesses (the verdict is then unverified until outputs are compared).
+        norms: The offsets both sides' norms store their scales with (a unit offset: Gemma).
 
     Returns:
         The plan.
     """
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
-                         source_heads=bool(src.head_dims))
+                         source_heads=bool(src.head_dims), norms=norms or NormOffsets())
     state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match)
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]

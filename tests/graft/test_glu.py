@@ -1,0 +1,143 @@
+"""Gated MLPs: fused [gate; up] or [up; gate] <-> split gate/up, by the code base's names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP
+
+import torchgraft as tg
+from torchgraft.graft.evidence import Evidence, Verdict
+
+SIZES = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64,
+         "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "pad_token_id": 0,
+         "bos_token_id": 0, "eos_token_id": 0}
+GATED = [f"model.layers.{n}.mlp.{p}.weight" for n in range(2) for p in ("gate_proj", "up_proj")]
+
+
+def _phi3() -> nn.Module:
+    """transformers' Phi-3: fused qkv_proj and gate_up_proj ([gate; up])."""
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(**SIZES)).eval()
+
+
+def _llama() -> nn.Module:
+    """transformers' Llama: split q/k/v and gate_proj/up_proj; the same math as Phi-3's."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)).eval()
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture
+def ids() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("way", ["phi3->llama", "llama->phi3"])
+def test_fused_gate_up_and_split_gate_up_both_ways(way: str, ids: torch.Tensor) -> None:
+    torch.manual_seed(0)
+    source, target = (_phi3(), _llama()) if way == "phi3->llama" else (_llama(), _phi3())
+    report = tg.graft(source, target, example_inputs=ids)
+    assert report.verdict is Verdict.OK and report.verified_with == "the source module"
+    assert not report.missing and not report.unused and not report.settled
+    assert torch.allclose(_logits(source, ids), _logits(target, ids), rtol=0, atol=1e-6)
+    phi3, llama = (source, target) if way == "phi3->llama" else (target, source)
+    fused = phi3.model.layers[1].mlp.gate_up_proj.weight
+    assert torch.equal(fused[:48], llama.model.layers[1].mlp.gate_proj.weight)
+    assert torch.equal(fused[48:], llama.model.layers[1].mlp.up_proj.weight)
+
+
+def test_phi3_folder_into_llama_is_verified_from_its_config(tmp_path: Path,
+                                                            ids: torch.Tensor) -> None:
+    torch.manual_seed(1)
+    phi3, llama = _phi3(), _llama()
+    phi3.save_pretrained(tmp_path / "phi3")
+    report = tg.graft(tmp_path / "phi3", llama)
+    assert report.verdict is Verdict.OK and report.verified_with
+    assert torch.allclose(_logits(phi3, ids), _logits(llama, ids), rtol=0, atol=1e-6)
+
+
+def test_phi3_bare_file_says_its_glu_order_by_name(tmp_path: Path, ids: torch.Tensor) -> None:
+    """From a bare file only the rotary order stays a guess (Phi-3's names are no known
+    rotary family); the gate and up halves are known by the name ``gate_up_proj``."""
+    torch.manual_seed(2)
+    phi3, llama = _phi3(), _llama()
+    save_file(phi3.state_dict(), tmp_path / "phi3.safetensors")
+    report = tg.graft(tmp_path / "phi3.safetensors", llama)
+    assert not report.missing
+    assert all(report.evidence[key] is not Evidence.GUESS for key in GATED)
+    assert report.mapping["model.layers.0.mlp.up_proj.weight"] == \
+        "model.layers.0.mlp.gate_up_proj[1].weight"
+    assert torch.allclose(_logits(phi3, ids), _logits(llama, ids), rtol=0, atol=1e-6)
+
+
+def _fc1_file(llama: nn.Module, *, gate_first: bool) -> dict[str, torch.Tensor]:
+    """Llama's weights with each gate and up fused under ``fc1``, a name that says no order."""
+    state = dict(llama.state_dict())
+    for n in range(2):
+        gate = state.pop(f"model.layers.{n}.mlp.gate_proj.weight")
+        up = state.pop(f"model.layers.{n}.mlp.up_proj.weight")
+        state[f"model.layers.{n}.mlp.fc1.weight"] = torch.cat([gate, up] if gate_first
+                                                              else [up, gate])
+    return state
+
+
+@pytest.mark.parametrize("gate_first", [True, False], ids=["as-guessed", "halves-swapped"])
+def test_a_name_that_says_no_order_is_a_guess(tmp_path: Path, gate_first: bool) -> None:
+    """The broken twin: the halves swapped under ``fc1`` are never ok; neither is the right
+    order, which nothing in the file tells."""
+    torch.manual_seed(3)
+    path = tmp_path / "fc1.safetensors"
+    save_file(_fc1_file(_llama(), gate_first=gate_first), path)
+    report = tg.graft(path, _llama())
+    assert report.verdict is Verdict.UNVERIFIED and not report.ok
+    assert set(report.guesses) == set(GATED)
+    assert report.guesses[GATED[0]].alternatives == ("model.layers.0.mlp.fc1[1].weight",)
+    assert "does not say which half is the gate" in report.guesses[GATED[0]].why
+
+
+def test_an_ungated_fc1_is_not_split() -> None:
+    """A plain MLP's ``fc1`` has no halves: it fills no gate or up projection."""
+    config = transformers.LlamaConfig(hidden_size=8, intermediate_size=12, num_attention_heads=2)
+    state = {"fc1.weight": torch.randn(12, 8), "down_proj.weight": torch.randn(8, 12)}
+    report = tg.graft(state, LlamaMLP(config))
+    assert report.verdict is Verdict.INCOMPLETE
+    assert "gate_proj.weight" in report.missing  # fc1 is an up projection, as a whole
+    assert not any("[" in source for source in report.mapping.values())
+
+
+class OlmoStyleMLP(nn.Module):
+    """AI2 OLMo's feed-forward as its code writes it: ``x, gate = ff_proj(x).chunk(2)``."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.ff_proj = nn.Linear(hidden, 2 * inner, bias=False)
+        self.ff_out = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, gate = self.ff_proj(x).chunk(2, dim=-1)
+        return self.ff_out(nn.functional.silu(gate) * x)
+
+
+@pytest.mark.parametrize("way", ["llama->olmo", "olmo->llama"])
+def test_up_first_halves_of_olmo_style_ff_proj(way: str) -> None:
+    torch.manual_seed(4)
+    llama = LlamaMLP(transformers.LlamaConfig(hidden_size=8, intermediate_size=12,
+                                              num_attention_heads=2)).eval()
+    olmo = OlmoStyleMLP(8, 12).eval()
+    source, target = (llama, olmo) if way == "llama->olmo" else (olmo, llama)
+    report = tg.graft(source.state_dict(), target)
+    assert report.verdict is Verdict.OK and not report.guesses
+    assert torch.equal(olmo.ff_proj.weight, torch.cat([llama.up_proj.weight,
+                                                       llama.gate_proj.weight]))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.allclose(llama(x), olmo(x), rtol=0, atol=1e-6)
