@@ -141,3 +141,41 @@ def test_up_first_halves_of_olmo_style_ff_proj(way: str) -> None:
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert torch.allclose(llama(x), olmo(x), rtol=0, atol=1e-6)
+
+
+class FusedGLU(nn.Module):
+    """A hand-written gated MLP fusing gate and up under ``fc1``, halves in either order."""
+
+    def __init__(self, *, up_first: bool) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 24, bias=False)
+        self.down_proj = nn.Linear(12, 8, bias=False)
+        self.up_first = up_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = self.fc1(x).chunk(2, dim=-1)
+        gate, up = (second, first) if self.up_first else (first, second)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+def _llama_mlp() -> nn.Module:
+    config = transformers.LlamaConfig(hidden_size=8, intermediate_size=12, num_attention_heads=2)
+    return LlamaMLP(config).eval()
+
+
+@pytest.mark.parametrize("up_first", [False, True], ids=["gate-first", "up-first"])
+@pytest.mark.parametrize("way", ["fused->split", "split->fused"])
+def test_a_guessed_glu_order_is_settled_by_outputs(way: str, up_first: bool) -> None:
+    """Without inputs the order under ``fc1`` is a guess either way; compared outputs settle it
+    (the gate and up swapped, or the fused halves exchanged) and the graft is right."""
+    torch.manual_seed(5)
+    fused, split = FusedGLU(up_first=up_first).eval(), _llama_mlp()
+    source, target = (fused, split) if way == "fused->split" else (split, fused)
+    guessed = tg.graft(source, target)
+    assert guessed.verdict is Verdict.UNVERIFIED and guessed.guesses
+    x = torch.randn(3, 8)
+    report = tg.graft(source, target, example_inputs=x)
+    assert report.verdict is Verdict.OK
+    assert bool(report.settled) == up_first
+    with torch.no_grad():
+        assert torch.allclose(fused(x), split(x), rtol=0, atol=1e-6)

@@ -111,3 +111,13 @@ def test_a_gemma_folder_into_a_plain_model_diverges(tmp_path: Path) -> None:
     _gemma().save_pretrained(tmp_path / "gemma")
     report = tg.graft(tmp_path / "gemma", _plain())
     assert report.verdict is Verdict.DIVERGED and not report.ok
+
+
+def test_the_offset_is_added_in_the_wider_dtype() -> None:
+    """A bfloat16 ``gamma - 1`` into a float32 plain norm: + 1 in float32, no bfloat16 rounding."""
+    torch.manual_seed(4)
+    gemma, plain = _gemma().to(torch.bfloat16), _plain()
+    report = tg.graft(gemma, plain)
+    assert report.verdict is Verdict.OK
+    assert torch.equal(plain.model.norm.weight, gemma.model.norm.weight.float() + 1)
+    assert not torch.equal(plain.model.norm.weight, (gemma.model.norm.weight + 1).float())

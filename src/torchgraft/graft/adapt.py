@@ -143,8 +143,12 @@ class UnitOffset:
     delta: float
 
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """The weight plus ``delta``."""
-        return self.reversible().apply([tensor])[0]
+        """The weight plus ``delta``, in the wider of its dtype and the target's.
+
+        A bfloat16 ``gamma - 1`` plus 1 would otherwise round in bfloat16.
+        """
+        wide = torch.promote_types(tensor.dtype, current.dtype)
+        return self.reversible().apply([tensor.to(wide)])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is."""

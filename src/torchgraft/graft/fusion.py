@@ -21,7 +21,10 @@ from .glu import GLU_ORDERS
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
-__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
+__all__ = ["FUSIONS", "PARTS_REORDERED", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
+
+#: How a fused tensor's alternative with its parts the other way round is named in a guess.
+PARTS_REORDERED = "(parts in the other order)"
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
     if head is None:
         op: TensorOp = Concatenate(0)
         [refs[name]] = lazy(op, [refs[p] for p in parts])
-        other = (f"{name} with its parts in the other order",) if doubt else ()
+        other = (f"{name} {PARTS_REORDERED}",) if doubt else ()
         return [Virtual(name, parts, why, doubt, op, alternatives=other)]
     head_dim, doubt = head
     if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
