@@ -34,9 +34,12 @@ def test_quantized_llama_grafts_with_outputs_of_the_dequantized_weights() -> Non
     assert report.ok, report
     with torch.no_grad():
         logits = model(torch.from_numpy(io["ids"])).logits.numpy()
-    # Q8_0, Q4_0, Q4_K, Q5_K, Q6_K dequantized exactly as gguf-py does, and
-    # q/k rotary rows un-interleaved with the file's head counts: the same logits, bit for bit.
-    np.testing.assert_array_equal(logits, io["logits"])
+    # Q8_0, Q4_0, Q4_K, Q5_K, Q6_K dequantized exactly as gguf-py and llama.cpp do (bit for bit:
+    # the next test), and q/k rotary rows un-interleaved with the file's head counts: the
+    # logits computed when the fixture was written. They were computed on another CPU, whose
+    # matrix kernels sum in another order, so they agree to float32 rounding, not bit for bit.
+    scale = float(np.abs(io["logits"]).max())
+    np.testing.assert_allclose(logits, io["logits"], rtol=0, atol=1e-5 * scale)
 
 
 @pytest.mark.parametrize("part", ["self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj",
