@@ -10,6 +10,7 @@ import transformers
 from safetensors.torch import save_file
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP
+from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
 import torchgraft as tg
 from torchgraft.graft.evidence import Evidence, Verdict
@@ -179,3 +180,37 @@ def test_a_guessed_glu_order_is_settled_by_outputs(way: str, up_first: bool) -> 
     assert bool(report.settled) == up_first
     with torch.no_grad():
         assert torch.allclose(fused(x), split(x), rtol=0, atol=1e-6)
+
+
+def _phi3_mlp() -> nn.Module:
+    config = transformers.Phi3Config(hidden_size=8, intermediate_size=12, num_attention_heads=2)
+    return Phi3MLP(config).eval()
+
+
+@pytest.mark.parametrize("way", ["phi3->olmo", "olmo->phi3"])
+def test_fused_into_fused_of_the_other_order_exchanges_the_halves(way: str) -> None:
+    """Phi-3's ``gate_up_proj`` [gate; up] and OLMo's ``ff_proj`` [up; gate]: the same shape,
+    which structure alone would copy as stored."""
+    torch.manual_seed(6)
+    phi3, olmo = _phi3_mlp(), OlmoStyleMLP(8, 12).eval()
+    source, target = (phi3, olmo) if way == "phi3->olmo" else (olmo, phi3)
+    report = tg.graft(source.state_dict(), target)
+    assert report.verdict is Verdict.OK and not report.guesses
+    fused = "ff_proj.weight" if way == "phi3->olmo" else "gate_up_proj.weight"
+    assert report.adapted[fused].startswith("halves exchanged")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.allclose(phi3(x), olmo(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("up_first", [False, True], ids=["gate-first", "up-first"])
+def test_fused_into_a_fused_name_that_says_no_order_is_a_guess(up_first: bool) -> None:
+    torch.manual_seed(7)
+    phi3, fused = _phi3_mlp(), FusedGLU(up_first=up_first).eval()
+    guessed = tg.graft(phi3.state_dict(), fused)
+    assert guessed.verdict is Verdict.UNVERIFIED and set(guessed.guesses) == {"fc1.weight"}
+    x = torch.randn(3, 8)
+    report = tg.graft(phi3, fused, example_inputs=x)
+    assert report.verdict is Verdict.OK and bool(report.settled) == up_first
+    with torch.no_grad():
+        assert torch.allclose(phi3(x), fused(x), rtol=0, atol=1e-6)

@@ -19,8 +19,8 @@ import torch
 from . import ops
 
 __all__ = ["Dequantize", "Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute",
-           "Permute", "Reshape", "Rows", "Transpose", "UnitOffset", "fresh_values",
-           "label_pairs"]
+           "PartsReversed", "Permute", "Reshape", "Rows", "Transpose", "UnitOffset",
+           "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -131,6 +131,25 @@ class Reshape:
     def describe(self) -> str:
         """Text for the report."""
         return f"reshaped to {self.to} ({self.why})"
+
+
+@dataclass(frozen=True)
+class PartsReversed:
+    """A fused gated projection stored with its halves the other way round (``[up; gate]``)."""
+
+    why: str
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The tensor with its two halves exchanged."""
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Reverse(0, 2)
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return f"halves exchanged ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -283,8 +302,8 @@ class Derived:
         return self.why
 
 
-Op = (Dequantize | Derived | Transpose | Permute | Reshape | UnitOffset | InputChannels | Rows
-      | RotaryPermute)
+Op = (Dequantize | Derived | Transpose | Permute | Reshape | PartsReversed | UnitOffset
+      | InputChannels | Rows | RotaryPermute)
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

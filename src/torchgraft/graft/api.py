@@ -304,7 +304,8 @@ def _meta_inputs(inputs: Any) -> Any:
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
-                                       "unstacked", "reshaped", "unit offset")) for text in
+                                       "unstacked", "reshaped", "unit offset",
+                                       "halves exchanged")) for text in
                       report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 

@@ -17,14 +17,11 @@ from dataclasses import dataclass
 
 from ..meta import TensorRef
 from .evidence import Guess
-from .glu import GLU_ORDERS
+from .glu import GLU_ORDERS, PARTS_REORDERED
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
-__all__ = ["FUSIONS", "PARTS_REORDERED", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
-
-#: How a fused tensor's alternative with its parts the other way round is named in a guess.
-PARTS_REORDERED = "(parts in the other order)"
+__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
 
 
 @dataclass(frozen=True)

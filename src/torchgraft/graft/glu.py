@@ -7,13 +7,21 @@ into one projection disagree on the order of its halves: transformers (Phi-3's a
 second. Which names store which order is data (:data:`GLU_ORDERS`). A gated first projection
 under a name that does not say its order (``fc1``, ``c_fc``, ``wi``...) is read gate first, as
 most code bases store it, and every key it fills is a guess until outputs settle it.
+
+Between two fused projections the halves are exchanged where the orders differ; a fused
+projection whose name says its order paired with one whose name does not is a guess.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GATE", "GLU_ORDERS", "UP", "GluOrder"]
+from .evidence import Guess
+
+__all__ = ["GATE", "GLU_ORDERS", "PARTS_REORDERED", "UP", "GluOrder", "halves_between"]
+
+#: How a fused tensor's alternative with its parts the other way round is named in a guess.
+PARTS_REORDERED = "(parts in the other order)"
 
 #: Module names of the gate and up projections of a split gated MLP.
 GATE = frozenset({"gate_proj", "gate", "w1"})
@@ -59,3 +67,28 @@ GLU_ORDERS = (
     GluOrder(frozenset({"fc1", "c_fc", "wi", "fc_in", "linear_fc1", "dense_h_to_4h"}), True,
              "as Megatron's linear_fc1 and most code bases store it", known=False),
 )
+
+
+_BY_NAME = {name: order for order in GLU_ORDERS for name in order.names}
+
+
+def halves_between(source: str, target: str) -> tuple[bool, Guess | None]:
+    """Whether a fused gated tensor's halves are exchanged on the way, and the guess it is.
+
+    Args:
+        source: The source key (``...gate_up_proj.weight``).
+        target: The target key (``...ff_proj.weight``).
+
+    Returns:
+        Whether the orders differ, and a guess when one name does not say its order (two that
+        say none are read as one code base's: an ungated ``fc1`` into an ``fc1``).
+    """
+    stored, wanted = (_BY_NAME.get(key.rpartition(".")[0].rpartition(".")[2])
+                      for key in (source, target))
+    if stored is None or wanted is None or not (stored.known or wanted.known):
+        return False, None
+    exchange = stored.gate_first != wanted.gate_first
+    if stored.known and wanted.known:
+        return exchange, None
+    return exchange, Guess((f"{source} {PARTS_REORDERED}",),
+                           (stored if not stored.known else wanted).doubt or "")

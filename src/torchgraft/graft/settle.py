@@ -19,7 +19,7 @@ from torch import nn
 
 from .adapt import RotaryPermute
 from .evidence import Evidence
-from .fusion import PARTS_REORDERED
+from .glu import PARTS_REORDERED
 from .plan import Plan
 from .reference import Reference
 from .report import GraftReport

@@ -23,6 +23,7 @@ from .adapt import (
     InputChannels,
     LabelMap,
     Op,
+    PartsReversed,
     Permute,
     Reshape,
     RotaryPermute,
@@ -33,6 +34,7 @@ from .adapt import (
 )
 from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
+from .glu import halves_between
 from .layouts import Layout
 from .norms import NormOffsets
 from .planning import REINITIALISED, Plan, PlanStep
@@ -237,8 +239,11 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         ops.append(op)
     delta, offset_guess = options.norms.between(source, target)
     ops += [UnitOffset(delta)] if delta else []
+    exchange, order_guess = halves_between(source, target)
+    ops += [PartsReversed("the two code bases store gate and up the other way round")
+            ] if exchange else []
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    guess = options.doubts.get(source) or offset_guess
+    guess = options.doubts.get(source) or offset_guess or order_guess
     if isinstance(rotary, RotaryPermute) and not options.source_heads:
         guess = Guess((f"{source} read with another head count",),
                       "the checkpoint does not say its head count; its rotary rows were "
