@@ -51,7 +51,8 @@ def norm_offsets(model: nn.Module) -> dict[str, float | None]:
     """
     found: dict[str, float | None] = {}
     for path, module in model.named_modules():
-        cls = type(module)
+        cls = next(c for c in type(module).__mro__  # FSDP2's FSDPGemmaRMSNorm: GemmaRMSNorm
+                   if not c.__module__.startswith("torch.distributed.fsdp"))
         if "norm" not in cls.__name__.lower() or not isinstance(
                 getattr(module, "weight", None), torch.Tensor):
             continue
