@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import save_model
 from torch import nn
 
 import torchgraft as tg
@@ -121,3 +122,15 @@ def test_the_offset_is_added_in_the_wider_dtype() -> None:
     assert report.verdict is Verdict.OK
     assert torch.equal(plain.model.norm.weight, gemma.model.norm.weight.float() + 1)
     assert not torch.equal(plain.model.norm.weight, (gemma.model.norm.weight + 1).float())
+
+
+def test_a_source_model_says_the_norm_classes_of_a_bare_file(tmp_path: Path,
+                                                             ids: torch.Tensor) -> None:
+    torch.manual_seed(5)
+    gemma, plain = _gemma(), _plain()
+    save_model(gemma, str(tmp_path / "gemma.safetensors"))
+    report = tg.graft(tmp_path / "gemma.safetensors", plain, source_model=_gemma(),
+                      example_inputs=ids)
+    assert report.verdict is Verdict.OK and report.verified_with.startswith("source_model=")
+    assert set(report.adapted) == set(NORMS)
+    assert torch.equal(_logits(plain, ids), _logits(gemma, ids))

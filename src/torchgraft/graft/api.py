@@ -180,8 +180,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               adapt=adapt, init=init, label_map=label_map, derived=derived,
                               doubts={v.name: guess for v in virtual
                                       if (guess := v.guess()) is not None},
-                              norms=NormOffsets(norm_offsets(opened.module) if opened.module
-                                                else {}, norm_offsets(target)))
+                              norms=NormOffsets(_source_norms(opened.module, source_model),
+                                                norm_offsets(target)))
         except ValueError as exc:
             raise TorchgraftError(str(exc)) from None
         explain(plan, experts)
@@ -238,6 +238,17 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _source_norms(module: nn.Module | None,
+                  source_model: SourceModelLike | None) -> dict[str, float | None]:
+    """The source's norm classes: its module's, else a ``source_model=`` module's.
+
+    A ``source_model=`` module is of the file's own code base, named as the file; a bare file
+    says none.
+    """
+    found = module if module is not None else source_model
+    return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
 
 
 def _adapter_scope(opened: GraftSource, target: nn.Module,

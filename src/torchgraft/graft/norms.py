@@ -9,8 +9,10 @@ hand-written model's) is assumed plain, as nearly every code base stores it, but
 unit-offset norm that assumption is a guess until outputs are compared.
 
 A file does not say its norms' classes: its weights are taken as the model's own code base
-stores them, as ``load_state_dict`` takes them (a Gemma file into a plain model is caught only
-by comparing outputs: from a folder with its ``config.json``, or with ``source_model=``).
+stores them, as ``load_state_dict`` takes them, unless ``source_model=`` is a module of the
+file's code base, whose classes then say it (otherwise a Gemma file into a plain model is
+caught only by comparing outputs: from a folder with its ``config.json``, or with a
+``source_model=`` that builds one).
 """
 
 from __future__ import annotations
