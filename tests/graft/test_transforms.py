@@ -66,6 +66,21 @@ def test_linear_layers_into_1x1_convolutions(tmp_path: Path, flavour: str) -> No
     assert _same_outputs(conv, linear)
 
 
+@pytest.mark.parametrize("way", ["conv->linear", "linear->conv"])
+def test_timm_conv_classifier_head_and_linear_head(way: str) -> None:
+    """timm's ClassifierHead with ``use_conv=True`` (a 1x1 Conv2d ``fc``) and without."""
+    torch.manual_seed(5)
+    conv = timm_layers.ClassifierHead(16, 5, use_conv=True).eval()
+    linear = timm_layers.ClassifierHead(16, 5).eval()
+    source, target = (conv, linear) if way == "conv->linear" else (linear, conv)
+    x = torch.randn(2, 16, 4, 4)
+    report = tg.graft(source, target, example_inputs=x)
+    assert report.verdict is Verdict.OK and report.verified_with == "the source module"
+    assert report.adapted["fc.weight"].startswith("reshaped to")
+    with torch.no_grad():
+        assert torch.allclose(conv(x), linear(x), rtol=0, atol=1e-6)
+
+
 class _Pointwise(nn.Module):
     """A hand-written twin of ConvMlp with Linear layers under other names (structure only)."""
 
