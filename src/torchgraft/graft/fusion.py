@@ -93,8 +93,9 @@ def _leaf_module(path: str) -> str:
     return path.rpartition(".")[2]
 
 
-def _has(side: Side, names: frozenset[str]) -> bool:
-    return any(_leaf_module(path) in names for path in _modules(side))
+def _leaves(side: Side) -> set[str]:
+    """The last part of every module path of a side (``q_proj``, ``qkv``...)."""
+    return {_leaf_module(info.module) for info in side.tensors.values()}
 
 
 def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
@@ -209,12 +210,12 @@ def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], 
     return found
 
 
-def _whole(fusion: Fusion, fused: Side) -> bool:
+def _whole(fusion: Fusion, fused: set[str]) -> bool:
     """Whether the side with fused names holds no parts, where the names do not say the order.
 
     A model with a vision tower's ``fc1`` beside a gated MLP's ``gate_proj`` is not one.
     """
-    return fusion.doubt is None or not _has(fused, frozenset().union(*fusion.parts))
+    return fusion.doubt is None or fused.isdisjoint(frozenset().union(*fusion.parts))
 
 
 def _fitting(fusion: Fusion, found: list[Virtual], refs: dict[str, TensorRef], dst: Side,
@@ -243,15 +244,16 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
         The source side with each virtual tensor in place of its parts, and the virtual tensors.
     """
     virtual: list[Virtual] = []
+    in_src, in_dst = _leaves(src), _leaves(dst)
     for fusion in FUSIONS:
         names = fusion.fused
         parts = frozenset().union(*fusion.parts)
-        if _has(dst, names) and not _has(src, names) and _whole(fusion, dst):
-            per_head = _has(dst, fusion.per_head)
+        if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
+            per_head = not in_dst.isdisjoint(fusion.per_head)
             virtual += _fitting(fusion, _fuse(src, refs, fusion, head_dim_of(src, dst)
                                               if per_head else None), refs, dst, names)
-        elif (_has(src, names) and not _has(dst, names) and _has(dst, parts)
-              and _whole(fusion, src)):
+        elif (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
+              and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
             virtual += _fitting(fusion, _split(src, refs, fusion, head_dim_of(src, dst)), refs,
                                 dst, parts)
     if not virtual:
