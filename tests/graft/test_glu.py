@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP
 from transformers.models.phi3.modeling_phi3 import Phi3MLP
@@ -214,3 +214,29 @@ def test_fused_into_a_fused_name_that_says_no_order_is_a_guess(up_first: bool) -
     assert report.verdict is Verdict.OK and bool(report.settled) == up_first
     with torch.no_grad():
         assert torch.allclose(phi3(x), fused(x), rtol=0, atol=1e-6)
+
+
+def test_llama_written_back_in_phi3s_fused_layout(tmp_path: Path) -> None:
+    """``tg.save(layout_of=report)`` fuses gate and up back into Phi-3's ``gate_up_proj``."""
+    torch.manual_seed(8)
+    phi3, llama = _phi3(), _llama()
+    phi3.save_pretrained(tmp_path / "phi3")
+    report = tg.graft(tmp_path / "phi3", llama)
+    assert report.ok
+    tg.save(llama, tmp_path / "back.safetensors", layout_of=report)
+    back, stored = (load_file(path) for path in (tmp_path / "back.safetensors",
+                                                 tmp_path / "phi3" / "model.safetensors"))
+    assert set(back) == set(stored)
+    assert all(torch.equal(back[key], stored[key]) for key in stored)
+
+
+def test_olmo_style_written_back_in_phi3s_order(tmp_path: Path) -> None:
+    """The halves exchanged on the way in are exchanged back on the way out."""
+    torch.manual_seed(9)
+    phi3 = _phi3_mlp()
+    save_file(phi3.state_dict(), tmp_path / "phi3.safetensors")
+    olmo = OlmoStyleMLP(8, 12).eval()
+    assert tg.graft(tmp_path / "phi3.safetensors", olmo).ok
+    tg.save(olmo, tmp_path / "back.safetensors", layout_of=tmp_path / "phi3.safetensors")
+    back = load_file(tmp_path / "back.safetensors")
+    assert torch.equal(back["gate_up_proj.weight"], phi3.gate_up_proj.weight)

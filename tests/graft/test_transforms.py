@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 import torchgraft as tg
@@ -156,3 +156,18 @@ def test_a_vocabulary_of_another_size_is_still_adapted() -> None:
     assert report.adapted["transformer.wte.weight"].startswith("rows 50->60: 50 kept")
     assert not report.missing
     assert torch.equal(large.transformer.wte.weight[:50], small.transformer.wte.weight)
+
+
+def test_linear_weights_written_back_as_the_1x1_convolutions_of_their_file(
+        tmp_path: Path) -> None:
+    """``tg.save(layout_of=...)`` runs the reshape backwards: the file comes back bit for bit."""
+    torch.manual_seed(6)
+    conv = _conv_mlp()
+    save_file(conv.state_dict(), tmp_path / "conv.safetensors")
+    linear = _linear_mlp()
+    assert tg.graft(tmp_path / "conv.safetensors", linear).ok
+    tg.save(linear, tmp_path / "back.safetensors", layout_of=tmp_path / "conv.safetensors")
+    back, stored = (load_file(tmp_path / name) for name in ("back.safetensors",
+                                                            "conv.safetensors"))
+    assert list(back) == list(stored)
+    assert all(torch.equal(back[key], stored[key]) for key in stored)
