@@ -232,6 +232,25 @@ def _fitting(fusion: Fusion, found: list[Virtual], refs: dict[str, TensorRef], d
     return [v for v in found if (v.name.rpartition(".")[2], refs[v.name].meta.shape) in shapes]
 
 
+def _virtual_for(fusion: Fusion, src: Side, refs: dict[str, TensorRef], dst: Side,
+                 leaves: tuple[set[str], set[str]]) -> list[Virtual]:
+    """One fusion's virtual tensors: fused where the model has the fused names, else split.
+
+    Split only where the model has the parts instead.
+    """
+    in_src, in_dst = leaves
+    names, parts = fusion.fused, frozenset().union(*fusion.parts)
+    if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
+        per_head = not in_dst.isdisjoint(fusion.per_head)
+        return _fitting(fusion, _fuse(src, refs, fusion, head_dim_of(src, dst)
+                                      if per_head else None), refs, dst, names)
+    if (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
+            and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
+        return _fitting(fusion, _split(src, refs, fusion, head_dim_of(src, dst)), refs, dst,
+                        parts)
+    return []
+
+
 def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side, list[Virtual]]:
     """Give the source virtual fused or split tensors where the model needs them.
 
@@ -243,19 +262,9 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
     Returns:
         The source side with each virtual tensor in place of its parts, and the virtual tensors.
     """
-    virtual: list[Virtual] = []
     in_src, in_dst = _leaves(src), _leaves(dst)
-    for fusion in FUSIONS:
-        names = fusion.fused
-        parts = frozenset().union(*fusion.parts)
-        if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
-            per_head = not in_dst.isdisjoint(fusion.per_head)
-            virtual += _fitting(fusion, _fuse(src, refs, fusion, head_dim_of(src, dst)
-                                              if per_head else None), refs, dst, names)
-        elif (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
-              and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
-            virtual += _fitting(fusion, _split(src, refs, fusion, head_dim_of(src, dst)), refs,
-                                dst, parts)
+    virtual = [v for fusion in FUSIONS for v in _virtual_for(fusion, src, refs, dst,
+                                                             (in_src, in_dst))]
     if not virtual:
         return src, []
     replaced = {part for v in virtual for part in v.parts}

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .evidence import Guess
+from .sides import Side
 
-__all__ = ["GATE", "GLU_ORDERS", "PARTS_REORDERED", "UP", "GluOrder", "halves_between"]
+__all__ = ["GATE", "GLU_ORDERS", "PARTS_REORDERED", "UP", "GluOrder", "halves_between",
+           "on_both"]
 
 #: How a fused tensor's alternative with its parts the other way round is named in a guess.
 PARTS_REORDERED = "(parts in the other order)"
@@ -92,3 +94,9 @@ def halves_between(source: str, target: str) -> tuple[bool, Guess | None]:
         return exchange, None
     return exchange, Guess((f"{source} {PARTS_REORDERED}",),
                            (stored if not stored.known else wanted).doubt or "")
+
+
+def on_both(*sides: Side) -> bool:
+    """Whether every side holds a fused gated projection's name (of any order)."""
+    return all(any(info.module.rpartition(".")[2] in _BY_NAME for info in side.tensors.values())
+               for side in sides)

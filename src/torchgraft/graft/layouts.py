@@ -134,7 +134,8 @@ def _unit_kernel(src: TensorInfo, dst: TensorInfo) -> bool:
 
 CONV_1X1 = Layout(
     name="conv1x1-linear",
-    applies=lambda src, dst: True,  # decided tensor by tensor, from kinds and shapes
+    applies=lambda src, dst: any(len(info.shape) > 2 and set(info.shape[2:]) == {1}
+                                 for side in (src, dst) for info in side.tensors.values()),
     reshaped=_unit_kernel,
     why="a 1x1 convolution is a Linear",
 )

@@ -76,6 +76,14 @@ class NormOffsets:
     source: Mapping[str, float | None] = field(default_factory=dict)
     target: Mapping[str, float | None] = field(default_factory=dict)
 
+    def matter(self) -> bool:
+        """Whether any pair may need an offset or be a guess.
+
+        It may with a source module's norms and a unit-offset or unknown norm on either side.
+        """
+        return bool(self.source) and any(
+            offset != 0.0 for offset in (*self.source.values(), *self.target.values()))
+
     def between(self, source: str, target: str) -> tuple[float, Guess | None]:
         """What to add to a source norm weight for a target norm weight, and why it is a guess.
 

@@ -23,6 +23,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from .adapt import Dequantize, Init, LabelMap
 from .evidence import Guess
+from .glu import on_both
 from .layouts import Layout
 from .norms import NormOffsets
 from .passes import Planning, run_passes
@@ -63,7 +64,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     """
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
-                         source_heads=bool(src.head_dims), norms=norms or NormOffsets())
+                         source_heads=bool(src.head_dims), norms=norms or NormOffsets(),
+                         conventions=bool(norms and norms.matter()) or on_both(src, dst))
     state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match,
                      ruled=frozenset(ruled))
     plan = run_passes(state)

@@ -115,6 +115,8 @@ class Options:
         source_heads: Whether the source states its head sizes (a module, a config, a file's
             metadata); without them a head-dependent layout (rotary rows) is a guess.
         norms: The offsets both sides' norms store their scales with (Gemma's ``gamma - 1``).
+        conventions: Whether a pair may need what two code bases store differently (a norm's
+            unit offset, a gated projection's halves); if not, same shapes are a plain copy.
     """
 
     layouts: Sequence[Layout]
@@ -129,6 +131,7 @@ class Options:
     doubts: Mapping[str, Guess] = field(default_factory=dict)
     source_heads: bool = True
     norms: NormOffsets = field(default_factory=NormOffsets)
+    conventions: bool = True
 
     @classmethod
     def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
@@ -221,7 +224,8 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
     """
     dst = options.dst.tensors[target]
     if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
-            and source not in options.derived and source not in options.doubts):
+            and source not in options.derived and source not in options.doubts
+            and not options.conventions):
         plan.steps.append(PlanStep(target, source, how, (), "", _evidence(plan, target, how)))
         return  # a plain copy: the common case, decided without the checks below
     ops, dtype, rotary = _ops(target, source, src, dst, options)
@@ -241,21 +245,30 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
             _refuse(plan, target, source, (shape, dst.shape), options)
             return
         ops.append(op)
-    delta, offset_guess = options.norms.between(source, target)
-    ops += [UnitOffset(delta)] if delta else []
-    exchange, order_guess = halves_between(source, target)
-    ops += [PartsReversed("the two code bases store gate and up the other way round")
-            ] if exchange else []
+    conventions, guess = _conventions(source, target, options)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    guess = options.doubts.get(source) or offset_guess or order_guess
     if isinstance(rotary, RotaryPermute) and not options.source_heads:
         guess = Guess((f"{source} read with another head count",),
                       "the checkpoint does not say its head count; its rotary rows were "
                       "reordered with the model's head size")
     if guess is not None and target not in plan.guesses:
         plan.guesses[target] = guess
-    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast,
+    plan.steps.append(PlanStep(target, source, how, (*ops, *conventions), cast,
                                _evidence(plan, target, how)))
+
+
+def _conventions(source: str, target: str, options: Options) -> tuple[list[Op], Guess | None]:
+    """What the two code bases store differently, and the guess the pair is.
+
+    A norm's unit offset and a gated projection's halves; the guess is a layout's, else a
+    convention's.
+    """
+    delta, offset_guess = options.norms.between(source, target)
+    exchange, order_guess = halves_between(source, target)
+    ops: list[Op] = [UnitOffset(delta)] if delta else []
+    ops += [PartsReversed("the two code bases store gate and up the other way round")
+            ] if exchange else []
+    return ops, options.doubts.get(source) or offset_guess or order_guess
 
 
 def _evidence(plan: Plan, target: str, how: MatchStep) -> Evidence:
