@@ -135,7 +135,10 @@ def test_head_counts_are_read_through_one_table() -> None:
 def test_stated_counts_confirm_or_not() -> None:
     model = {"heads": frozenset({4}), "head size": frozenset({16})}
     assert head_assumption(Described({"heads": frozenset({4})}, model), lambda: True) is None
-    differ = head_assumption(Described({"heads": frozenset({2})}, model), lambda: True)
+    differ = head_assumption(Described({"heads": frozenset({2})}, model), lambda: False)
+    assert differ is None  # a config's counts, no attention module: an MLP
+    differ = head_assumption(Described({"heads": frozenset({2})}, model,
+                                       target_attention=True), lambda: False)
     assert differ is not None and "states 2 heads, not the model's" in differ.why
     silent = head_assumption(Described({}, {}), lambda: True)
     assert silent is not None and silent.assumed == "the model's (its modules do not state it)"

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .source import GraftSource
 
 __all__ = ["HEADS_SETTLE", "HEAD_ATTRIBUTES", "Counts", "Described", "config_heads",
-           "describe_sides", "head_assumption", "model_heads"]
+           "describe_sides", "head_assumption", "model_heads", "states_heads"]
 
 #: The attribute names (of a module, of its ``config``) and config keys that state an
 #: attention's head counts, to the count each states.
@@ -67,12 +67,15 @@ class Described:
         source_is_module: Whether the source is a module. A file from another code base is
             told apart from same-shape siblings by its names' conventions only (numbers, role
             tables): those pairs are guesses (:mod:`~torchgraft.graft.structure`).
+        target_attention: Whether a module of the model states head counts of its own (an
+            attention), not only its ``config`` (an MLP of a transformer holds one too).
     """
 
     source: Counts = field(default_factory=dict)
     target: Counts = field(default_factory=dict)
     source_where: str = "the checkpoint"
     source_is_module: bool = False
+    target_attention: bool = False
 
 
 def _gather(found: dict[str, set[int]], items: Iterable[tuple[str, Any]]) -> None:
@@ -144,6 +147,11 @@ def model_heads(model: nn.Module) -> Counts:
     return _frozen(found)
 
 
+def states_heads(model: nn.Module) -> bool:
+    """Whether a module of the model states head counts of its own (not through a config)."""
+    return any(name in vars(module) for module in model.modules() for name in HEAD_ATTRIBUTES)
+
+
 def _text(counts: Counts) -> str:
     """``4 heads, 2 kv heads, head size 16``."""
     values = {c: " or ".join(str(v) for v in sorted(counts[c])) for c in counts}
@@ -158,8 +166,8 @@ def head_assumption(described: Described, attention: Callable[[], bool]) -> Assu
 
     Args:
         described: What both sides state.
-        attention: Whether the model has attention, for a model whose modules state no
-            counts (asked only then).
+        attention: Whether the model has attention by its modules' roles, for a model none
+            of whose modules states counts of its own (asked only then).
 
     Returns:
         The assumption, or ``None`` when the source's counts confirm the model's or the model
@@ -169,7 +177,7 @@ def head_assumption(described: Described, attention: Callable[[], bool]) -> Assu
     shared = source.keys() & target.keys()
     if shared and all(source[count] == target[count] for count in shared):
         return None
-    if not target and not attention():
+    if not described.target_attention and not attention():
         return None
     model = (f"the model's: {_text(target)}" if target
              else "the model's (its modules do not state it)")
@@ -209,13 +217,13 @@ def describe_sides(source: Any, opened: GraftSource, target: nn.Module) -> Descr
         The source's counts (its module's; else its config.json's and its format's metadata),
         the model's, and whether the source is a module.
     """
-    counts = model_heads(target)
+    counts, attention = model_heads(target), states_heads(target)
     if opened.module is not None:
         return Described(model_heads(opened.module), counts, "the source module",
-                         source_is_module=True)
+                         source_is_module=True, target_attention=attention)
     config = _folder_config(source)
     stated = config_heads(config) if config is not None else {}
     if opened.side.head_dims and "head size" not in stated:
         stated["head size"] = frozenset(opened.side.head_dims.values())
     where = "its config.json" if config is not None else "the checkpoint's metadata"
-    return Described(stated, counts, where)
+    return Described(stated, counts, where, target_attention=attention)

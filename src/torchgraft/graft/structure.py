@@ -600,6 +600,10 @@ def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) 
 CONVENTION, STRUCTURE = "convention", "structure"
 
 
+#: A part of a fused tensor split by torchgraft (``mlp.gate_up_proj[1]``).
+_PART = re.compile(r"\[\d+\]$")
+
+
 def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | None:
     """Why swapping the partners of ``p`` and ``q`` is forbidden, if it is.
 
@@ -615,6 +619,8 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | N
                 return STRUCTURE
             found = CONVENTION
         if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
+            if _PART.search(own.paths[x]) or _PART.search(other.paths[y]):
+                return STRUCTURE  # a fused tensor's part: its name states the order
             found = CONVENTION
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
     numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
