@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..meta import TensorRef
+from .layouts import family_of
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
@@ -28,18 +29,21 @@ class Fusion:
         parts: For each part, in order of rows, its module names.
         per_head: Fused names stored head by head (``[heads, parts, head_dim]``: GPT-NeoX's
             and BLOOM's ``query_key_value``) rather than part by part (``[Q; K; V]``).
+        attention: The parts are q, k and v: with fewer key/value heads (grouped-query
+            attention), k and v have fewer rows than q, as the attention's head counts say.
     """
 
     fused: frozenset[str]
     parts: tuple[frozenset[str], ...]
     per_head: frozenset[str] = frozenset()
+    attention: bool = False
 
 
 FUSIONS = (
-    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "query_key_value"}),
+    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "wqkv", "query_key_value"}),
            (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
             frozenset({"v", "value", "v_proj", "wv"})),
-           per_head=frozenset({"query_key_value"})),
+           per_head=frozenset({"query_key_value"}), attention=True),
     Fusion(frozenset({"gate_up_proj", "gate_up", "w13"}),
            (frozenset({"gate_proj", "gate", "w1"}), frozenset({"up_proj", "up", "w3"}))),
 )
@@ -105,9 +109,26 @@ def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+def _qkv_rows(side: Side, attention: str) -> tuple[int, ...] | None:
+    """The q, k and v rows an attention module's head counts and head size say."""
+    counts, head_dim = side.head_counts.get(attention), side.head_dims.get(attention)
+    if counts is None or head_dim is None:
+        return None
+    return counts[0] * head_dim, counts[1] * head_dim, counts[1] * head_dim
+
+
+def _model_rows(dst: Side, fusion: Fusion) -> set[tuple[int, ...]]:
+    """The rows of each part the model's attentions want, where their head counts say them."""
+    if not fusion.attention:
+        return set()
+    return {rows for path in _modules(dst) if _leaf_module(path) in fusion.fused
+            if (rows := _qkv_rows(dst, path.rpartition(".")[0])) is not None}
+
+
+def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
           head: tuple[int | None, str | None] | None = None) -> list[Virtual]:
     found = []
+    wanted = _model_rows(dst, fusion)
     modules = _modules(src)
     by_parent: dict[str, dict[int, str]] = {}
     for path in modules:
@@ -125,6 +146,9 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         infos = {leaf: [modules[p][leaf] for p in ordered] for leaf in leaves}
         if any(len({(i.shape[1:], i.dtype) for i in group}) != 1 for group in infos.values()):
             continue
+        rows = tuple(i.shape[0] for i in next(iter(infos.values())))
+        if wanted and rows not in wanted:
+            continue  # other head counts than the model's attention: not its fused layout
         label = ",".join(_leaf_module(p) for p in ordered)
         for leaf, group in infos.items():
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
@@ -149,28 +173,68 @@ def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
     return [Virtual(name, parts, f"{why}, head by head (head size {head_dim})", doubt, op)]
 
 
-def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
            head: tuple[int | None, str | None]) -> list[Virtual]:
     found = []
     count = len(fusion.parts)
     for path, tensors in _modules(src).items():
         if _leaf_module(path) not in fusion.fused:
             continue
-        if any(i.kind not in (None, "linear") or not i.shape or i.shape[0] % count
-               for i in tensors.values()):
+        if any(i.kind not in (None, "linear") or not i.shape for i in tensors.values()):
             continue
         if _leaf_module(path) in fusion.per_head:
             found += _split_per_head(refs, tensors, count, head)
             continue
-        op = Split(0, count=count)
+        rows = {i.shape[0] for i in tensors.values()}
+        sizes, doubt = _block_sizes(src, dst, fusion, path, rows.pop()) if len(rows) == 1 \
+            else (None, None)
+        if sizes is None:
+            continue
+        op = Split(0, sizes=sizes)
+        starts = [sum(sizes[:k]) for k in range(count + 1)]
         for leaf, info in tensors.items():
-            rows = info.shape[0] // count
             for k, ref in enumerate(lazy(op, [refs[info.name]])):
                 name = f"{path}[{k}].{leaf}"  # numbered: sorted names keep the order
                 refs[name] = ref
                 found.append(Virtual(name, (info.name,), f"split from {info.name} (rows "
-                                     f"{k * rows}:{(k + 1) * rows})", op=op, index=k))
+                                     f"{starts[k]}:{starts[k + 1]})", doubt, op, k))
     return found
+
+
+def _block_sizes(src: Side, dst: Side, fusion: Fusion, path: str,
+                 rows: int) -> tuple[tuple[int, ...] | None, str | None]:
+    """The rows of each part of a fused tensor stored part by part, and a doubt if a guess.
+
+    The source's attention head counts decide (a module source); else the model's parts'
+    rows, when one set of them adds up (a grouped-query split read by the model's sizes is a
+    guess: the file does not say its head counts); else equal parts.
+    """
+    count = len(fusion.parts)
+    stated = _qkv_rows(src, path.rpartition(".")[0]) if fusion.attention else None
+    if stated is not None:
+        return (stated, None) if sum(stated) == rows else (None, None)
+    wanted = {sizes for sizes in _model_rows(dst, fusion) | _part_rows(dst, fusion)
+              if sum(sizes) == rows}
+    if len(wanted) == 1:
+        sizes = wanted.pop()
+        return sizes, None if len(set(sizes)) == 1 else (
+            "the checkpoint does not say its head counts; its fused q, k, v were split by the "
+            f"model's sizes {list(sizes)}")
+    if wanted or rows % count:
+        return None, None
+    return (rows // count,) * count, None
+
+
+def _part_rows(dst: Side, fusion: Fusion) -> set[tuple[int, ...]]:
+    """The rows of the model's unfused parts (its q, k, v weights), one tuple per module."""
+    by_parent: dict[str, dict[int, int]] = {}
+    for path, tensors in _modules(dst).items():
+        parent, _, leaf = path.rpartition(".")
+        for k, names in enumerate(fusion.parts):
+            if leaf in names and "weight" in tensors and tensors["weight"].shape:
+                by_parent.setdefault(parent, {})[k] = tensors["weight"].shape[0]
+    return {tuple(rows[k] for k in range(len(fusion.parts))) for rows in by_parent.values()
+            if len(rows) == len(fusion.parts)}
 
 
 def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], count: int,
@@ -207,9 +271,9 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
         parts = frozenset().union(*fusion.parts)
         if _has(dst, names) and not _has(src, names):
             per_head = _has(dst, fusion.per_head)
-            virtual += _fuse(src, refs, fusion, head_dim_of(src, dst) if per_head else None)
+            virtual += _fuse(src, refs, fusion, dst, head_dim_of(src, dst) if per_head else None)
         elif _has(src, names) and not _has(dst, names) and _has(dst, parts):
-            virtual += _split(src, refs, fusion, head_dim_of(src, dst))
+            virtual += _split(src, refs, fusion, dst, head_dim_of(src, dst))
     if not virtual:
         return src, []
     replaced = {part for v in virtual for part in v.parts}
@@ -223,5 +287,7 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
     for v in virtual:
         meta = refs[v.name].meta
         tensors[v.name] = TensorInfo(v.name, meta.shape, meta.dtype, src.tensors[v.parts[0]].kind)
-    side = Side(tensors, order, format=src.format, head_dims=src.head_dims, ordered=src.ordered)
+    family_of(src)  # the naming family is the stored names', not the virtual ones'
+    side = Side(tensors, order, format=src.format, head_dims=src.head_dims,
+                head_counts=src.head_counts, ordered=src.ordered, facts=dict(src.facts))
     return side, virtual

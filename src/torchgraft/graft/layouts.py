@@ -30,10 +30,13 @@ class RotaryRows:
     Attributes:
         targets: Target keys (after renames) whose rows must be permuted.
         to_meta: Permute from transformers' order to Meta's (else the reverse).
+        fused: Target keys of a fused ``[Q; K; V]`` (gpt-fast's ``wqkv``): only the q and k
+            rows are permuted, counted from the attention module's head counts.
     """
 
     targets: re.Pattern[str]
     to_meta: bool
+    fused: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def mark_file_kinds(side: Side) -> Side:
 # Name families: the same architecture written by two code bases.
 _FAMILIES = {
     "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
-    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq\.weight$"),
+    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$"),
     "transformers-vit": re.compile(
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
@@ -140,7 +143,9 @@ _ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
 _GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
-#: this one table.
+#: this one table. gpt-fast names Meta's way with q, k and v fused in ``wqkv`` (``[Q; K; V]``):
+#: transformers' q, k, v fused (``{q_proj,k_proj,v_proj}``) are its ``wqkv``, and the parts of
+#: its ``wqkv`` split (``wqkv[0]``...) are transformers' q, k, v.
 _LLAMA_PATHS = (
     ("embed_tokens", "tok_embeddings", True),
     ("norm", "norm", True),
@@ -149,6 +154,10 @@ _LLAMA_PATHS = (
     ("layers.{n}.self_attn.k_proj", "layers.{n}.attention.wk", True),
     ("layers.{n}.self_attn.v_proj", "layers.{n}.attention.wv", True),
     ("layers.{n}.self_attn.o_proj", "layers.{n}.attention.wo", True),
+    ("layers.{n}.self_attn.{q_proj,k_proj,v_proj}", "layers.{n}.attention.wqkv", True),
+    ("layers.{n}.self_attn.q_proj", "layers.{n}.attention.wqkv[0]", True),
+    ("layers.{n}.self_attn.k_proj", "layers.{n}.attention.wqkv[1]", True),
+    ("layers.{n}.self_attn.v_proj", "layers.{n}.attention.wqkv[2]", True),
     ("layers.{n}.mlp.gate_proj", "layers.{n}.feed_forward.w1", True),
     ("layers.{n}.mlp.down_proj", "layers.{n}.feed_forward.w2", True),
     ("layers.{n}.mlp.up_proj", "layers.{n}.feed_forward.w3", True),
@@ -201,7 +210,8 @@ LLAMA_HF_TO_META = Layout(
     name="transformers-llama->meta-llama",
     applies=_between("transformers-llama", "meta-llama"),
     renames=_llama_renames(to_meta=True),
-    rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True),
+    rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True,
+                      fused=re.compile(r"(^|\.)attention\.wqkv\.(weight|bias)$")),
 )
 
 LLAMA_META_TO_HF = Layout(

@@ -31,6 +31,7 @@ from .adapt import (
 )
 from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
+from .head_sizes import owner_of
 from .layouts import Layout
 from .planning import REINITIALISED, Plan, PlanStep
 from .sides import Side, TensorInfo
@@ -70,18 +71,23 @@ def fits_for(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bo
 
 
 def _rotary(target: str, dst: Side, layouts: Sequence[Layout]) -> RotaryPermute | str | None:
-    """The rotary permutation a target tensor needs; a reason when its head size is unknown."""
+    """The rotary permutation a target tensor needs; a reason when its heads are unknown."""
     for layout in layouts:
-        if layout.rotary is None or not layout.rotary.targets.search(target):
+        rotary = layout.rotary
+        if rotary is None:
             continue
-        module = target
-        while module:
-            module = module.rpartition(".")[0]
-            if module in dst.head_dims:
-                return RotaryPermute(dst.head_dims[module], layout.rotary.to_meta)
-        return (f"Cannot load '{target}': its rotary rows are in {layout.name.split('->')[0]}'s "
-                "order and the model says no head_dim to reorder them by (give its attention "
-                "module a head_dim attribute).")
+        fused = rotary.fused is not None and rotary.fused.search(target) is not None
+        if not fused and not rotary.targets.search(target):
+            continue
+        owner = owner_of(target, dst.head_dims)
+        counts = dst.head_counts.get(owner[0]) if owner else None
+        if owner is None or (fused and counts is None):
+            return (f"Cannot load '{target}': its rotary rows are in "
+                    f"{layout.name.split('->')[0]}'s order and the model says no "
+                    f"{'head counts' if owner else 'head_dim'} to reorder them by (give its "
+                    "attention module head_dim, n_head and n_local_heads attributes).")
+        rows = (counts[0] + counts[1]) * owner[1] if fused and counts else None
+        return RotaryPermute(owner[1], rotary.to_meta, rows)
     return None
 
 

@@ -21,12 +21,6 @@ GAPS = {
     "torchtune Llama -> transformers Llama":
         "engine: torchtune's names are no known family, so the rotary order of q/k is a guess "
         "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
-    "transformers Llama -> gpt-fast Llama":
-        "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not fused from q/k/v, "
-        "with Meta's rotary order; sorted: embed and output ambiguous",
-    "gpt-fast Llama -> transformers Llama":
-        "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not split, nor its "
-        "rotary rows reordered",
     "timm ResNet -> transformers ResNet":
         "engine: from the sorted file, same-shape siblings (conv1/conv2/downsample.0, "
         "bn1/bn2/downsample.1) are aligned in lexical order: a false ok",
@@ -81,10 +75,6 @@ _FAILING: dict[str, tuple[str, ...]] = {
         ("pt", "safetensors"),
     "torchtune Llama -> transformers Llama":
         ("pt", "safetensors"),
-    "transformers Llama -> gpt-fast Llama":
-        ("module", "pt", "safetensors", "pretrained"),
-    "gpt-fast Llama -> transformers Llama":
-        ("module", "pt", "safetensors"),
     "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
         ("pt", "safetensors"),
     "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
@@ -133,5 +123,6 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
                  "GPT-NeoX-style GPT -> transformers GPT-NeoX")
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ROTARY_HEADS
-    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama")
+    for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama",
+                 "transformers Llama -> gpt-fast Llama", "gpt-fast Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}
