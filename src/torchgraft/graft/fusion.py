@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..meta import TensorRef
+from .bare import module_and_leaf
 from .layouts import family_of
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
@@ -40,7 +41,8 @@ class Fusion:
 
 
 FUSIONS = (
-    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "wqkv", "query_key_value"}),
+    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "wqkv", "query_key_value",
+                      "in_proj"}),
            (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
             frozenset({"v", "value", "v_proj", "wv"})),
            per_head=frozenset({"query_key_value"}), attention=True),
@@ -71,10 +73,11 @@ class Virtual:
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
-    """Module path to its tensors by leaf name."""
+    """Module path to its tensors by leaf name (bare parameters as the modules they are)."""
     modules: dict[str, dict[str, TensorInfo]] = {}
     for name, info in side.tensors.items():
-        modules.setdefault(info.module, {})[name.rpartition(".")[2]] = info
+        module, leaf = module_and_leaf(name)
+        modules.setdefault(module, {})[leaf] = info
     return modules
 
 

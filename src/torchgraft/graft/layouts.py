@@ -11,10 +11,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .bare import in_out
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
+__all__ = ["BARE_PROJECTIONS", "CLIP_HF_TO_OPENAI", "CLIP_OPENAI_TO_HF", "GPT2_CONV1D",
+           "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
            "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
            "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
            "rotary_warning"]
@@ -130,7 +132,10 @@ def mark_file_kinds(side: Side) -> Side:
 
 
 # Name families: the same architecture written by two code bases.
-_FAMILIES = {
+_FAMILIES = {  # first match wins: transformers' CLIP has Llama's attention names
+    "transformers-clip": re.compile(
+        r"^(text_model|vision_model)\.encoder\.layers\.\d+\.self_attn\.q_proj\.weight$"),
+    "openai-clip": re.compile(r"^(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$"),
     "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
     "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$"),
     "transformers-vit": re.compile(
@@ -166,22 +171,33 @@ _LLAMA_PATHS = (
 )
 
 
+#: Places in a path template: a block number, and a tensor's leaf (``in_proj_{leaf}``).
+_PLACES = {"{n}": r"(\d+)", "{leaf}": r"(weight|bias)"}
+
+
+def _template_rule(source: str, target: str, prefix: str = "") -> Rule:
+    """A rule from one path template to another (:data:`_PLACES` in both).
+
+    A template ending in ``.`` renames a module (whatever follows is kept); any other names
+    one key.
+    """
+    pattern, replacement = re.escape(source), target
+    places = sorted((place for place in _PLACES if place in source), key=source.find)
+    for group, place in enumerate(places, 1):
+        pattern = pattern.replace(re.escape(place), _PLACES[place])
+        replacement = replacement.replace(place, f"\\{group}")
+    return Rule("^" + prefix + pattern + ("" if source.endswith(".") else "$"), replacement)
+
+
 def _llama_renames(*, to_meta: bool) -> tuple[Rule, ...]:
     """The renames from one Llama naming family to the other, from :data:`_LLAMA_PATHS`."""
-    def pattern(path: str) -> str:
-        return re.escape(path).replace(r"\{n\}", r"(\d+)") + r"\."
-
-    def replacement(path: str) -> str:
-        return path.replace("{n}", r"\1") + "."
-
     rules = []
     for hf, meta, under_model in _LLAMA_PATHS:
         if to_meta:
-            prefix = r"(?:model\.)?" if under_model else ""
-            rules.append(Rule("^" + prefix + pattern(hf), replacement(meta)))
+            rules.append(_template_rule(hf + ".", meta + ".",
+                                        r"(?:model\.)?" if under_model else ""))
         else:
-            prefix = "model." if under_model else ""
-            rules.append(Rule("^" + pattern(meta), prefix + replacement(hf)))
+            rules.append(_template_rule(meta + ".", ("model." if under_model else "") + hf + "."))
     return tuple(rules)
 
 
@@ -219,6 +235,63 @@ LLAMA_META_TO_HF = Layout(
     applies=_between("meta-llama", "transformers-llama"),
     renames=_llama_renames(to_meta=False),
     rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
+)
+
+#: transformers' CLIP paths and OpenAI's (open_clip's ``CLIP``; ``{n}`` a block number,
+#: ``{leaf}`` weight or bias), as transformers' convert_clip_original_pytorch_to_hf maps them.
+#: Bare parameters stand for embeddings and projections (:mod:`.bare`); the fused q, k, v of
+#: ``nn.MultiheadAttention`` are transformers' q, k, v fused (``{q_proj,k_proj,v_proj}``) or,
+#: split (``in_proj[0]``...), its q, k, v.
+_CLIP_PATHS: tuple[tuple[str, str], ...] = (
+    ("text_model.embeddings.token_embedding.", "token_embedding."),
+    ("text_model.embeddings.position_embedding.weight", "positional_embedding"),
+    ("text_model.final_layer_norm.", "ln_final."),
+    ("text_projection.weight", "text_projection"),
+    ("vision_model.embeddings.class_embedding", "visual.class_embedding"),
+    ("vision_model.embeddings.position_embedding.weight", "visual.positional_embedding"),
+    ("vision_model.embeddings.patch_embedding.", "visual.conv1."),
+    ("vision_model.pre_layrnorm.", "visual.ln_pre."),
+    ("vision_model.post_layernorm.", "visual.ln_post."),
+    ("visual_projection.weight", "visual.proj"),
+    *((f"{hf}.encoder.layers.{{n}}.{hf_block}", f"{openai}transformer.resblocks.{{n}}.{block}")
+      for hf, openai in (("text_model", ""), ("vision_model", "visual."))
+      for hf_block, block in (
+          ("layer_norm1.", "ln_1."), ("layer_norm2.", "ln_2."),
+          ("self_attn.out_proj.", "attn.out_proj."), ("mlp.fc1.", "mlp.c_fc."),
+          ("mlp.fc2.", "mlp.c_proj."),
+          ("self_attn.{q_proj,k_proj,v_proj}.{leaf}", "attn.in_proj_{leaf}"),
+          ("self_attn.q_proj.", "attn.in_proj[0]."), ("self_attn.k_proj.", "attn.in_proj[1]."),
+          ("self_attn.v_proj.", "attn.in_proj[2]."))),
+)
+
+CLIP_HF_TO_OPENAI = Layout(
+    name="transformers-clip->openai-clip",
+    applies=_between("transformers-clip", "openai-clip"),
+    renames=tuple(_template_rule(hf, openai) for hf, openai in _CLIP_PATHS),
+)
+
+CLIP_OPENAI_TO_HF = Layout(
+    name="openai-clip->transformers-clip",
+    applies=_between("openai-clip", "transformers-clip"),
+    renames=tuple(_template_rule(openai, hf) for hf, openai in _CLIP_PATHS),
+)
+
+
+def _bare_in_out(src: TensorInfo, dst: TensorInfo) -> bool:
+    """One side a bare ``[in, out]`` projection, the other a Linear's (or unknown) weight."""
+    if len(src.shape) != 2 or len(dst.shape) != 2:
+        return False
+    if in_out(src.name, src.shape):
+        return not in_out(dst.name, dst.shape) and _linear_weight(dst)
+    return in_out(dst.name, dst.shape) and _linear_weight(src)
+
+
+BARE_PROJECTIONS = Layout(
+    name="bare [in, out] projections",
+    applies=lambda src, dst: any(in_out(name, info.shape) for side in (src, dst)
+                                 for name, info in side.tensors.items()),
+    transposed=_bare_in_out,
+    why="a bare projection parameter is stored [in, out] (x @ W), a Linear's weight [out, in]",
 )
 
 _VIT_BLOCK = r"^vit\.(?:encoder\.layer|layers)\.(\d+)\."
@@ -282,8 +355,9 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, VIT_HF_TO_TIMM,
-           QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, CLIP_HF_TO_OPENAI,
+           CLIP_OPENAI_TO_HF, BARE_PROJECTIONS, VIT_HF_TO_TIMM, QUANTIZED_PACKED, PEFT_ADAPTER,
+           *SENTENCE_TRANSFORMERS)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:

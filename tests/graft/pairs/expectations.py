@@ -34,13 +34,6 @@ GAPS = {
     "timm ViT -> transformers ViT":
         "engine: norm1/norm2 vs layernorm_before/layernorm_after not aligned by role; sorted: "
         "the parts of timm's fused qkv ambiguous with attn.proj",
-    "open_clip CLIP (OpenAI layout) -> transformers CLIP":
-        "engine: OpenAI-layout CLIP: nn.MultiheadAttention's in_proj_weight/bias not split "
-        "to q/k/v; bare parameters (positional_embedding, class_embedding) and [in, out] "
-        "projections (text_projection, visual.proj) not matched",
-    "transformers CLIP -> open_clip CLIP (OpenAI layout)":
-        "engine: q/k/v not fused into nn.MultiheadAttention's in_proj_weight/bias; bare "
-        "parameters and [in, out] projections not matched",
     "openai-whisper -> transformers Whisper":
         "engine: from the sorted file, encoder and decoder blocks (same shapes) are ordered by "
         "letters only, so they stay ambiguous",
@@ -80,9 +73,9 @@ _FAILING: dict[str, tuple[str, ...]] = {
     "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
         ("pt", "safetensors"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
-        ("module", "pt", "safetensors"),
+        ("heads/pt", "norms/pt"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
-        ("module", "pt", "safetensors", "pretrained"),
+        ("heads/pt", "norms/pt"),
     "openai-whisper -> transformers Whisper":
         ("safetensors", "heads/pt", "norms/pt"),
     "transformers Whisper -> openai-whisper":

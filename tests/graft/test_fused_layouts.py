@@ -1,0 +1,191 @@
+"""Fused attention layouts and bare parameters: gpt-fast's grouped-query ``wqkv``,
+``nn.MultiheadAttention``'s ``in_proj``, bare ``[in, out]`` projections. Each with its broken
+twins (another head count with the same shapes, q and k swapped), which are never ok."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from torch import nn
+from torch.nn import functional as F
+
+import torchgraft as tg
+from tests.graft.pairs.handwritten import GptFastAttention, GptFastLlama
+from tests.models import _rotate_pairs
+from torchgraft.graft.evidence import Verdict
+from torchgraft.graft.ops import Concatenate, RotaryRows
+
+VOCAB, DIM, HIDDEN = 64, 32, 48
+
+
+def _llama(heads: int, kv_heads: int) -> nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=DIM, intermediate_size=HIDDEN, num_hidden_layers=1,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=16,
+        tie_word_embeddings=False, rms_norm_eps=1e-6)
+    torch.manual_seed(1)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _gpt_fast(heads: int, kv_heads: int) -> GptFastLlama:
+    torch.manual_seed(2)
+    return GptFastLlama(VOCAB, DIM, 1, heads, kv_heads, HIDDEN).eval()
+
+
+TOKENS = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+
+
+def _logits(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(TOKENS)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def _equal(a: nn.Module, b: nn.Module) -> bool:
+    return torch.allclose(_logits(a), _logits(b), atol=1e-5)
+
+
+def test_rotary_rows_of_a_fused_qkv_reorder_q_and_k_only() -> None:
+    q, k, v = torch.randn(8, 3), torch.randn(4, 3), torch.randn(4, 3)
+    fused = Concatenate(0).apply([q, k, v])[0]
+    got = RotaryRows(4, to_halves=True, rows=12).apply([fused])[0]
+    parts = [RotaryRows(4, to_halves=True).apply([t])[0] for t in (q, k)]
+    assert torch.equal(got, torch.cat([*parts, v]))
+
+
+@pytest.mark.parametrize("way", ["from gpt-fast", "into gpt-fast"])
+def test_gpt_fast_grouped_query_wqkv_from_the_module(way: str) -> None:
+    hf, fast = _llama(4, 2), _gpt_fast(4, 2)
+    source, target = (fast, hf) if way == "from gpt-fast" else (hf, fast)
+    report = tg.graft(source, target, example_inputs=(TOKENS,))
+    assert report.verdict is Verdict.OK, str(report)
+    assert _equal(source, target)
+    split = report.adapted.get("model.layers.0.self_attn.k_proj.weight", "")
+    fused = report.adapted.get("layers.0.attention.wqkv.weight", "")
+    assert "rows 32:48" in split or "fused from" in fused
+
+
+@pytest.mark.parametrize("way", ["from gpt-fast", "into gpt-fast"])
+def test_gpt_fast_wqkv_from_a_bare_file_is_unverified_with_equal_outputs(
+        way: str, tmp_path: Path) -> None:
+    hf, fast = _llama(4, 2), _gpt_fast(4, 2)
+    source, target = (fast, hf) if way == "from gpt-fast" else (hf, fast)
+    torch.save(source.state_dict(), tmp_path / "model.pt")
+    report = tg.graft(tmp_path / "model.pt", target)
+    assert report.verdict is Verdict.UNVERIFIED  # the file says no head count: rotary guessed
+    assert _equal(source, target)
+
+
+def test_gpt_fast_twin_with_another_head_count_is_never_ok(tmp_path: Path) -> None:
+    fast = _gpt_fast(4, 2)  # q 32 rows, k and v 16 each
+    twin = _llama(2, 1)  # q 32 rows, k and v 16 each too: the same shapes, other heads
+    torch.save(fast.state_dict(), tmp_path / "model.pt")
+    assert tg.graft(tmp_path / "model.pt", twin).verdict is not Verdict.OK
+    assert not _equal(fast, twin)
+    assert tg.graft(fast, _llama(2, 1)).verdict is not Verdict.OK  # the module says 4 heads
+
+
+class KQVAttention(GptFastAttention):
+    """A code base that stores its fused rows as ``[K; Q; V]``: the same shapes as gpt-fast's."""
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        k, q, v = (z.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+                   for z in self.wqkv(x).chunk(3, dim=-1))
+        q, k = (_rotate_pairs(z.transpose(1, 2), cos, sin).transpose(1, 2) for z in (q, k))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def test_gpt_fast_twin_with_k_before_q_is_never_ok(tmp_path: Path) -> None:
+    twin = _gpt_fast(4, 4)  # equal parts: [K; Q; V] has the shapes of [Q; K; V]
+    for layer in twin.layers:
+        layer.attention.__class__ = KQVAttention
+    torch.save(twin.state_dict(), tmp_path / "model.pt")
+    from_file = _llama(4, 4)
+    assert tg.graft(tmp_path / "model.pt", from_file).verdict is not Verdict.OK
+    assert not _equal(twin, from_file)
+    from_module = _llama(4, 4)
+    report = tg.graft(twin, from_module, example_inputs=(TOKENS,))
+    assert report.verdict is not Verdict.OK, str(report)  # outputs compared: they differ
+    assert not _equal(twin, from_module)
+
+
+class MHABlock(nn.Module):
+    """Attention through ``nn.MultiheadAttention`` (fused ``in_proj_weight``), then a bare
+    ``[in, out]`` projection, as OpenAI's CLIP writes them."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(DIM, heads)
+        self.text_projection = nn.Parameter(torch.randn(DIM, DIM) * 0.1)  # square: x @ W
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.attn(x, x, x, need_weights=False)[0]
+        return y @ self.text_projection
+
+
+class SplitAttention(nn.Module):
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, DIM // heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(DIM, DIM)
+                                                                for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, b, _ = x.shape
+        q, k, v = (p(x).view(t, b * self.heads, self.head_dim).transpose(0, 1)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        y = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(t, b, DIM)
+        return self.out_proj(y)
+
+
+class SplitBlock(nn.Module):
+    """The same attention with separate q, k, v Linears and a Linear projection."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.self_attn = SplitAttention(heads)
+        self.text_projection = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.self_attn(x))
+
+
+X = torch.randn(5, 2, DIM, generator=torch.Generator().manual_seed(3))
+
+
+def _run(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(X)
+
+
+@pytest.mark.parametrize("flavour", ["module", "pt"])
+@pytest.mark.parametrize("way", ["split", "fuse"])
+def test_multihead_in_proj_and_bare_projection_both_ways(flavour: str, way: str,
+                                                         tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    source, target = (MHABlock(4), SplitBlock(4)) if way == "split" else (SplitBlock(4),
+                                                                          MHABlock(4))
+    given: object = source
+    if flavour == "pt":
+        torch.save(source.state_dict(), tmp_path / "model.pt")
+        given = tmp_path / "model.pt"
+    report = tg.graft(given, target)
+    assert report.complete and not report.unused, str(report)
+    assert torch.allclose(_run(target), _run(source), atol=1e-6)
+    projection = "text_projection" if way == "fuse" else "text_projection.weight"
+    assert report.adapted[projection].startswith("transposed")  # the name decides, not shapes
+    assert projection not in report.guesses
+
+
+def test_multihead_twin_with_another_head_count_is_never_ok() -> None:
+    torch.manual_seed(5)
+    source = MHABlock(4)
+    twin = SplitBlock(2)  # the same shapes, two heads
+    report = tg.graft(source, twin)
+    assert report.verdict is not Verdict.OK
+    assert not torch.allclose(_run(twin), _run(source), atol=1e-4)
