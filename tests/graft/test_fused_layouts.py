@@ -189,3 +189,46 @@ def test_multihead_twin_with_another_head_count_is_never_ok() -> None:
     report = tg.graft(source, twin)
     assert report.verdict is not Verdict.OK
     assert not torch.allclose(_run(twin), _run(source), atol=1e-4)
+
+
+class BareHead(nn.Module):
+    """A projection kept as a bare parameter the table does not name, used as ``x @ W``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.head_matrix = nn.Parameter(torch.randn(DIM, width) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) @ self.head_matrix
+
+
+class LinearHead(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.out = nn.Linear(DIM, width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def test_an_unnamed_bare_projection_is_transposed_when_only_its_transpose_fits() -> None:
+    torch.manual_seed(6)
+    source, target = BareHead(24), LinearHead(24)
+    report = tg.graft(source.state_dict(), target)
+    assert report.verdict is Verdict.OK and report.adapted["out.weight"].startswith("transposed")
+    assert torch.allclose(_run(target), _run(source), atol=1e-6)
+
+
+def test_an_unnamed_square_bare_projection_is_a_guess_never_ok(tmp_path: Path) -> None:
+    torch.manual_seed(7)
+    source = BareHead(DIM)  # square: its shape fits a Linear's weight either way
+    torch.save(source.state_dict(), tmp_path / "model.pt")
+    from_file = LinearHead(DIM)
+    report = tg.graft(tmp_path / "model.pt", from_file)
+    assert report.verdict is Verdict.UNVERIFIED and "out.weight" in report.guesses
+    from_module = LinearHead(DIM)  # outputs compared: copied as stored, x @ W differs
+    report = tg.graft(source, from_module, example_inputs=(X,))
+    assert report.verdict is not Verdict.OK
+    assert not torch.allclose(_run(from_module), _run(source), atol=1e-4)

@@ -180,6 +180,7 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
            head: tuple[int | None, str | None]) -> list[Virtual]:
     found = []
     count = len(fusion.parts)
+    model_sizes = _model_rows(dst, fusion) | _part_rows(dst, fusion)  # once: 100k tensors
     for path, tensors in _modules(src).items():
         if _leaf_module(path) not in fusion.fused:
             continue
@@ -189,8 +190,8 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
             found += _split_per_head(refs, tensors, count, head)
             continue
         rows = {i.shape[0] for i in tensors.values()}
-        sizes, doubt = _block_sizes(src, dst, fusion, path, rows.pop()) if len(rows) == 1 \
-            else (None, None)
+        sizes, doubt = _block_sizes(src, model_sizes, fusion, path, rows.pop()) \
+            if len(rows) == 1 else (None, None)
         if sizes is None:
             continue
         op = Split(0, sizes=sizes)
@@ -204,20 +205,19 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
     return found
 
 
-def _block_sizes(src: Side, dst: Side, fusion: Fusion, path: str,
+def _block_sizes(src: Side, model_sizes: set[tuple[int, ...]], fusion: Fusion, path: str,
                  rows: int) -> tuple[tuple[int, ...] | None, str | None]:
     """The rows of each part of a fused tensor stored part by part, and a doubt if a guess.
 
     The source's attention head counts decide (a module source); else the model's parts'
-    rows, when one set of them adds up (a grouped-query split read by the model's sizes is a
-    guess: the file does not say its head counts); else equal parts.
+    rows (``model_sizes``), when one set of them adds up (a grouped-query split read by the
+    model's sizes is a guess: the file does not say its head counts); else equal parts.
     """
     count = len(fusion.parts)
     stated = _qkv_rows(src, path.rpartition(".")[0]) if fusion.attention else None
     if stated is not None:
         return (stated, None) if sum(stated) == rows else (None, None)
-    wanted = {sizes for sizes in _model_rows(dst, fusion) | _part_rows(dst, fusion)
-              if sum(sizes) == rows}
+    wanted = {sizes for sizes in model_sizes if sum(sizes) == rows}
     if len(wanted) == 1:
         sizes = wanted.pop()
         return sizes, None if len(set(sizes)) == 1 else (

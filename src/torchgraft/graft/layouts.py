@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .bare import in_out
+from .bare import transposed as bare_transposed
 from .rules import Rule
 from .sides import Side, TensorInfo
 
@@ -277,20 +277,11 @@ CLIP_OPENAI_TO_HF = Layout(
 )
 
 
-def _bare_in_out(src: TensorInfo, dst: TensorInfo) -> bool:
-    """One side a bare ``[in, out]`` projection, the other a Linear's (or unknown) weight."""
-    if len(src.shape) != 2 or len(dst.shape) != 2:
-        return False
-    if in_out(src.name, src.shape):
-        return not in_out(dst.name, dst.shape) and _linear_weight(dst)
-    return in_out(dst.name, dst.shape) and _linear_weight(src)
-
-
 BARE_PROJECTIONS = Layout(
     name="bare [in, out] projections",
-    applies=lambda src, dst: any(in_out(name, info.shape) for side in (src, dst)
-                                 for name, info in side.tensors.items()),
-    transposed=_bare_in_out,
+    applies=lambda src, dst: any(len(info.shape) == 2 and not name.endswith("weight")
+                                 for side in (src, dst) for name, info in side.tensors.items()),
+    transposed=bare_transposed,
     why="a bare projection parameter is stored [in, out] (x @ W), a Linear's weight [out, in]",
 )
 

@@ -29,6 +29,7 @@ from .adapt import (
     Transpose,
     label_pairs,
 )
+from .bare import unknown_orientation
 from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
 from .head_sizes import owner_of
@@ -208,6 +209,20 @@ def _ops(target: str, source: str, src: TensorInfo, dst: TensorInfo,
     return ops, dtype, _rotary(target, options.dst, options.layouts)
 
 
+def _guess(source: str, src: TensorInfo, dst: TensorInfo, rotary: RotaryPermute | None,
+           options: Options) -> Guess | None:
+    """Why a pair's layout is a guess (what no name, shape or stated head count decides)."""
+    if unknown_orientation(src, dst):
+        return Guess((f"{source} (as stored)", f"{source} (transposed)"),
+                     "a square bare parameter against a Linear's weight: neither its name nor "
+                     "its shape says whether it is stored [out, in] or [in, out] (x @ W)")
+    doubt = options.doubts.get(source)
+    if isinstance(rotary, RotaryPermute) and not options.source_heads:
+        doubt = ("the checkpoint does not say its head count; its rotary rows were reordered "
+                 "with the model's head size")
+    return None if doubt is None else Guess((f"{source} read with another head count",), doubt)
+
+
 def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo,
            options: Options) -> None:
     """Add the step that fills ``target`` from ``source``, or say why it cannot be filled.
@@ -240,12 +255,9 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
             return
         ops.append(op)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    doubt = options.doubts.get(source)
-    if isinstance(rotary, RotaryPermute) and not options.source_heads:
-        doubt = ("the checkpoint does not say its head count; its rotary rows were reordered "
-                 "with the model's head size")
-    if doubt is not None and target not in plan.guesses:
-        plan.guesses[target] = Guess((f"{source} read with another head count",), doubt)
+    guess = _guess(source, src, dst, rotary, options)
+    if guess is not None and target not in plan.guesses:
+        plan.guesses[target] = guess
     evidence = (Evidence.GUESS if target in plan.guesses
                 else Evidence.NAME if how in NAME_STEPS else Evidence.STRUCTURE)
     plan.steps.append(PlanStep(target, source, how, tuple(ops), cast, evidence))
