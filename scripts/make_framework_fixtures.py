@@ -3,10 +3,12 @@
 Each subcommand runs in the environment that has its framework, never torchgraft's own:
 
     python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
+    python scripts/make_framework_fixtures.py gguf-qwen2 gguf-qwen2-bf16    # the same
     /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
-    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax    # jax, flax
+    /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax flax-bf16   # jax, flax
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-modes  # mlx, mlx-lm
 
 Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
 with the framework's outputs for fixed inputs beside it (``*_io.npz``) so that tests check
@@ -203,15 +205,17 @@ def make_gguf() -> None:
             ["gguf", "transformers", "torch", "numpy"])
 
 
-def make_gguf_qwen2() -> None:
+def make_gguf_qwen2(precision: str = "f16") -> None:
     """A tiny transformers Qwen2 (q/k/v biases) written by GGUFWriter as llama.cpp writes it.
 
     Names mapped, rows not permuted (qwen2 is not rotary-permuted by the converter); F32 norms
-    and biases, F16 matrices.
+    and biases, F16 (or BF16, as llama.cpp's ``--outtype bf16`` writes them) matrices.
     """
     import gguf
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    rounded = {"f16": torch.float16, "bf16": torch.bfloat16}[precision]
 
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128,
@@ -223,7 +227,7 @@ def make_gguf_qwen2() -> None:
              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-    path = OUT / "gguf" / "qwen2_f16.gguf"
+    path = OUT / "gguf" / f"qwen2_{precision}.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_block_count(2)
     writer.add_embedding_length(64)
@@ -232,7 +236,7 @@ def make_gguf_qwen2() -> None:
     with torch.no_grad():
         for key, value in model.state_dict().items():
             if value.dim() == 2:
-                value.copy_(value.half().float())  # the file's F16 values, exactly
+                value.copy_(value.to(rounded).float())  # the file's values, exactly
             parts = key.split(".")
             if key == "model.embed_tokens.weight":
                 gname = "token_embd.weight"
@@ -243,18 +247,23 @@ def make_gguf_qwen2() -> None:
             else:
                 gname = f"blk.{parts[2]}.{names['.'.join(parts[3:-1])]}.{parts[-1]}"
             array = value.numpy()
-            writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
+            if array.ndim == 2 and precision == "bf16":
+                kind = gguf.GGMLQuantizationType.BF16
+                writer.add_tensor(gname, gguf.quants.quantize(array, kind), raw_dtype=kind)
+            else:
+                writer.add_tensor(gname, array.astype(np.float16) if array.ndim == 2 else array)
         ids = torch.tensor([[1, 5, 9, 2, 33, 60, 7, 12]])
         logits = model(ids).logits.numpy()
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    np.savez(OUT / "gguf" / "qwen2_f16_io.npz", ids=ids.numpy(), logits=logits)
-    _record("gguf/qwen2_f16", ["gguf/qwen2_f16.gguf", "gguf/qwen2_f16_io.npz"],
-            "transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to F16) "
-            "written with gguf.GGUFWriter as llama.cpp's converter writes qwen2 (no row "
-            "permutation); logits: the transformers model's",
+    np.savez(OUT / "gguf" / f"qwen2_{precision}_io.npz", ids=ids.numpy(), logits=logits)
+    _record(f"gguf/qwen2_{precision}",
+            [f"gguf/qwen2_{precision}.gguf", f"gguf/qwen2_{precision}_io.npz"],
+            f"transformers Qwen2ForCausalLM (seed 0, tied embeddings, matrices rounded to "
+            f"{precision.upper()}) written with gguf.GGUFWriter as llama.cpp's converter writes "
+            "qwen2 (no row permutation); logits: the transformers model's",
             ["gguf", "transformers", "torch", "numpy"])
 
 
@@ -458,6 +467,29 @@ def make_flax() -> None:
             ["jax", "flax", "transformers", "numpy"])
 
 
+
+def make_flax_bf16() -> None:
+    """The linen CNN with bfloat16 variables, saved by flax.serialization.to_bytes.
+
+    Its outputs are Flax's, with those bfloat16 values computed in float32.
+    """
+    import jax
+    import jax.numpy as jnp
+    from flax import serialization
+
+    out = OUT / "flax"
+    rng = np.random.default_rng(1)
+    module, x = _flax_cases(rng)["cnn"]
+    variables = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16),
+                                       _flax_variables(module, x, rng))
+    (out / "cnn_bf16.msgpack").write_bytes(serialization.to_bytes(variables))
+    widened = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), variables)
+    np.savez(out / "cnn_bf16_io.npz", x=x, y=np.asarray(module.apply(widened, x)))
+    _record("flax/cnn_bf16", ["flax/cnn_bf16.msgpack", "flax/cnn_bf16_io.npz"],
+            "the flax linen CNN (variables randomised, seed 1) cast to bfloat16 and saved with "
+            "flax.serialization.to_bytes; y: Flax's outputs with those values in float32",
+            ["jax", "flax", "numpy"])
+
 # --- Orbax ---------------------------------------------------------------------------------
 
 def _nnx_net() -> Any:
@@ -591,10 +623,79 @@ def make_mlx() -> None:
             ["mlx", "mlx-lm", "numpy"])
 
 
+#: mlx-lm's per-module quantization for the modes fixture: every mode MLX has, and affine
+#: widths that do not divide a byte; the rest of the model gets the default (mxfp4).
+_MLX_MODES = {"model.embed_tokens": {"group_size": 32, "bits": 3, "mode": "affine"},
+              "model.layers.0.mlp": {"group_size": 16, "bits": 4, "mode": "nvfp4"},
+              "model.layers.1.mlp": {"group_size": 32, "bits": 8, "mode": "mxfp8"},
+              "model.layers.1.self_attn.o_proj": {"group_size": 64, "bits": 6,
+                                                  "mode": "affine"},
+              "lm_head": {"group_size": 32, "bits": 5, "mode": "affine"}}
+#: One module per mode whose mx.dequantize goes into the fixture (all of them: 350 KB).
+_MLX_CHECKED = ("model.embed_tokens", "model.layers.0.self_attn.q_proj",
+                "model.layers.0.mlp.gate_proj", "model.layers.1.mlp.up_proj",
+                "model.layers.1.self_attn.o_proj", "lm_head")
+
+
+def make_mlx_modes() -> None:
+    """An mlx-lm Llama quantized in every MLX mode, saved by mlx-lm.
+
+    mxfp4 by default; nvfp4, mxfp8 and 3-, 5- and 6-bit affine per module, which mlx-lm writes
+    as per-module entries of the config's ``quantization``.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    out = OUT / "mlx"
+    mx.random.seed(1)
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
+
+    def predicate(path: str, _: Any) -> bool | dict[str, Any]:
+        return next((dict(v) for k, v in _MLX_MODES.items()
+                     if path == k or path.startswith(k + ".")), True)
+
+    model, quantized_config = quantize_model(model, config, group_size=None, bits=None,
+                                             mode="mxfp4", quant_predicate=predicate)
+    logits = np.array(model(ids).astype(mx.float32))
+    dequantized = {}
+    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: hasattr(
+            m, "scales")):
+        if name not in _MLX_CHECKED:
+            continue
+        weight = mx.dequantize(module.weight, module.scales, getattr(module, "biases", None),
+                               group_size=module.group_size, bits=module.bits,
+                               mode=module.mode)
+        dequantized[f"{name}.weight"] = np.array(weight.astype(mx.float32))
+        dequantized[f"{name}.dtype"] = np.array(str(weight.dtype))
+    save_model(out / "llama_modes", model)
+    save_config(quantized_config, out / "llama_modes" / "config.json")
+    np.savez_compressed(out / "llama_modes_io.npz", ids=np.array(ids), logits=logits,
+                        **dequantized)
+    files = [*sorted(str(p.relative_to(OUT)) for p in (out / "llama_modes").iterdir()),
+             "mlx/llama_modes_io.npz"]
+    _record("mlx/llama_modes", files,
+            "mlx-lm llama.Model (mx.random.seed 1) quantized by mlx_lm.utils.quantize_model in "
+            "mode mxfp4, with per-module entries (quant_predicate) for nvfp4, mxfp8 and 3-, 5- "
+            "and 6-bit affine, saved by save_model/save_config; logits: the quantized MLX "
+            "model's; '<module>.weight': mx.dequantize of one module per mode (as float32, "
+            "'<module>.dtype' the dtype mx.dequantize gave)",
+            ["mlx", "mlx-lm", "numpy"])
+
+
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
+                                          "gguf-qwen2-bf16": lambda: make_gguf_qwen2("bf16"),
                                           "keras": make_keras, "keras-full": make_keras_full,
-                                          "flax": make_flax, "orbax": make_orbax,
-                                          "mlx": make_mlx}
+                                          "flax": make_flax, "flax-bf16": make_flax_bf16,
+                                          "orbax": make_orbax,
+                                          "mlx": make_mlx, "mlx-modes": make_mlx_modes}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -157,9 +157,11 @@ def test_graft_gives_the_library_models_outputs(writer: Writer) -> None:
     assert report.ok
     with torch.no_grad():
         outputs = writer.outputs(model, io)
-    for key, value in outputs.items():  # the weights are bit for bit; the kernels the library
-        # process chose may round the last bit differently
-        torch.testing.assert_close(value, io[key], rtol=1e-5, atol=1e-6, msg=key)
+    for key, value in outputs.items():  # the weights are bit for bit (the test above); the
+        # outputs were computed when the fixture was written, on another CPU whose kernels
+        # round differently: equal within float32 rounding of the output's scale
+        scale = float(io[key].abs().max())
+        torch.testing.assert_close(value, io[key], rtol=1e-5, atol=1e-5 * scale, msg=key)
 
 
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -145,3 +146,180 @@ def test_truncated_and_garbage_files_are_errors(tmp_path: Path,
     bomb.write_bytes(b"\x08\x07\x3a" + b"\xff" * 8 + b"\x3f")
     with pytest.raises(CorruptCheckpointError):
         tg.open(bomb)
+
+
+class Branchy(nn.Module):
+    """Control flow that TorchScript keeps: an ``if`` (ONNX If) and a ``for`` (ONNX Loop)."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, hidden, bias=False)
+        self.b = nn.Linear(4, hidden)
+        self.c = nn.Linear(hidden, hidden, bias=False)
+        self.head = nn.Linear(hidden, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() > 0):  # noqa: SIM108 (an if statement, as users write it)
+            y = self.a(x)
+        else:
+            y = self.b(x)
+        for _ in range(x.shape[0]):
+            y = y + torch.tanh(self.c(y))
+        return self.head(y)  # type: ignore[no-any-return]
+
+
+def test_scripted_control_flow_grafts_back_through_its_subgraphs(tmp_path: Path) -> None:
+    """The bias-free Linears used only inside the If and Loop bodies are exported as
+    transposed copies with numeric names; only the subgraphs' nodes say what they are."""
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    path = tmp_path / "branchy.onnx"
+    torch.onnx.export(torch.jit.script(model), (x,), str(path), dynamo=False)
+    graph = onnx.load(str(path)).graph
+    assert {n.op_type for n in graph.node} >= {"If", "Loop"}
+    renamed = tg.inspect(path).extras["__metadata__"]["renamed_from_graph"]
+    assert set(renamed) == {"a.weight", "c.weight"}
+    target = Branchy()
+    report = tg.graft(path, target)
+    assert report.ok, report
+    with torch.no_grad():
+        for sign in (1, -1):  # both branches
+            torch.testing.assert_close(target(sign * x.abs()), model(sign * x.abs()), rtol=0,
+                                       atol=0)
+    assert not tg.graft(path, Branchy(hidden=6), strict=False).ok
+
+
+class CondNet(nn.Module):
+    """``torch.cond``: the dynamo exporter's If, whose branches use the main graph's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4, bias=False)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, self.a, self.b, (x,))  # type: ignore[no-any-return]
+
+
+def test_dynamo_export_of_torch_cond_grafts_back(tmp_path: Path) -> None:
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    model = CondNet().eval()
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(4))
+    path = tmp_path / "cond.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True)
+    assert "If" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    target = CondNet()
+    report = tg.graft(path, target)
+    assert report.ok, report
+    with torch.no_grad():
+        for sign in (1, -1):
+            torch.testing.assert_close(target(sign * x.abs()), model(sign * x.abs()), rtol=0,
+                                       atol=0)
+
+class Switch(nn.Module):
+    """``then_proj(x)`` or ``loop_proj(loop_proj(else_proj(x)))``, as the ONNX graph below."""
+
+    def __init__(self, width: int = 3) -> None:
+        super().__init__()
+        self.then_proj = nn.Linear(4, width, bias=False)
+        self.else_proj = nn.Linear(4, width)
+        self.loop_proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, flag: bool) -> torch.Tensor:
+        if flag:
+            return self.then_proj(x)  # type: ignore[no-any-return]
+        return self.loop_proj(self.loop_proj(self.else_proj(x)))  # type: ignore[no-any-return]
+
+
+def _switch_graph(model: Switch) -> onnx.ModelProto:
+    """An If whose branches hold their own initializers, one in a Loop body (depth 2): a
+    transposed MatMul weight under a name of its own, Gemm weights under PyTorch's names."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    def init(name: str, tensor: torch.Tensor) -> onnx.TensorProto:
+        return numpy_helper.from_array(tensor.detach().numpy(), name)
+
+    def value(name: str, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+        shape = [2, model.loop_proj.out_features] if elem == TensorProto.FLOAT else []
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    then = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W_7"], ["t"], name="/then_proj/MatMul")],
+        "then", [], [value("t")], [init("W_7", model.then_proj.weight.t().contiguous())])
+    body = helper.make_graph(
+        [helper.make_node("Gemm", ["y_in", "loop_proj.weight", "loop_proj.bias"], ["y_out"],
+                          name="/loop_proj/Gemm", transB=1),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [value("i", TensorProto.INT64), value("cond_in", TensorProto.BOOL),
+                 value("y_in")], [value("cond_out", TensorProto.BOOL), value("y_out")],
+        [init("loop_proj.weight", model.loop_proj.weight),
+         init("loop_proj.bias", model.loop_proj.bias)])
+    other = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "else_proj.weight", "else_proj.bias"], ["e"],
+                          name="/else_proj/Gemm", transB=1),
+         helper.make_node("Loop", ["trips", "", "e"], ["l"], body=body)],
+        "else", [], [value("l")],
+        [init("else_proj.weight", model.else_proj.weight),
+         init("else_proj.bias", model.else_proj.bias),
+         numpy_helper.from_array(np.array(2, dtype=np.int64), "trips")])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["out"], then_branch=then, else_branch=other)],
+        "switch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+                   helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [value("out")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("width", [3, 512])  # 512: the If node holds 1 MiB, walked in place
+def test_initializers_inside_if_and_loop_bodies_graft_with_onnxruntime_outputs(
+        tmp_path: Path, width: int) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = Switch(width).eval()
+    path = tmp_path / "switch.onnx"
+    onnx.save_model(_switch_graph(model), str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    info = tg.inspect(path)
+    assert info.extras["__metadata__"]["renamed_from_graph"] == {"then_proj.weight": "W_7"}
+    assert info.extras["__metadata__"]["constants_left_out"] == ["trips"]
+    target = Switch(width)
+    report = tg.graft(path, target)
+    assert report.ok, report
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(target.state_dict()[name], tensor), name
+    with torch.no_grad():
+        for flag in (True, False):
+            expected = session.run(None, {"x": x, "flag": np.array(flag)})[0]
+            # onnxruntime's kernels sum in their own order: measured 4.6e-7 (outputs up to 2.3).
+            np.testing.assert_allclose(target(torch.from_numpy(x), flag).numpy(), expected,
+                                       rtol=1e-5, atol=1e-5)
+    assert not tg.graft(path, Switch(width + 2), strict=False).ok
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    length, size = bytearray(), len(payload)
+    while True:
+        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return bytes([number << 3 | 2]) + bytes(length) + payload
+
+
+def test_a_nesting_bomb_of_subgraphs_is_refused_in_bounded_time(tmp_path: Path) -> None:
+    node = _field(4, b"Identity")
+    for _ in range(2000):  # If { then_branch: graph { If { ... } } }, 2,000 deep
+        graph = _field(1, node)
+        node = _field(4, b"If") + _field(5, _field(1, b"then_branch") + b"\x20\x05"
+                                         + _field(6, graph))
+    bomb = tmp_path / "bomb.onnx"
+    bomb.write_bytes(b"\x08\x08" + _field(7, _field(1, node)))
+    start = time.monotonic()
+    with pytest.raises(CorruptCheckpointError, match=r"nest deeper than 16"):
+        tg.open(bomb)
+    assert time.monotonic() - start < 2

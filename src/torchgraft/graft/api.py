@@ -157,8 +157,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
+    modules = list(target.named_modules())  # one walk, shared: 100k modules take a while
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
-                              tensors=state)
+                              tensors=state, modules=modules)
     opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
                          weights_key=weights_key, component=component,
                          follow_links=follow_links)
@@ -183,7 +184,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         explain(plan, experts)
         plan.warnings[:0] = warnings
         if on_meta:
-            where = torch.device(device) if device is not None else default_device(target)
+            where = torch.device(device) if device is not None else default_device(
+                target, modules=modules)
             zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
                 k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
             as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
@@ -191,7 +193,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             filled = [s.target for s in plan.steps]
             assigned = materialise(target, [k for k in filled if k not in sharded], where,
                                    zeroed=[k for k in zeroed if k not in sharded],
-                                   values=as_stored, state=state)
+                                   values=as_stored, state=state, modules=modules)
             if sharded:
                 materialise_sharded(target, sharded, [*filled, *zeroed],
                                     where if device is not None else None)
@@ -208,7 +210,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                      **{f"checkpoint:{k}": describe(i) for k, i in source_side.tensors.items()}}
     if scope is not None:
         scope_to_adapter(report, scope)
-    for key in still_on_meta(target) if on_meta else ():
+    for key in still_on_meta(target, modules=modules) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")

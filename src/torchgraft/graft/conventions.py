@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXTS", "CONVENTIONS", "Convention", "joined_role", "role_of", "role_parts",
-           "unit_of"]
+__all__ = ["CONTEXTS", "CONVENTIONS", "ROTARY_ORDERS", "Convention", "RotaryOrder", "joined_role",
+           "role_of", "role_parts", "unit_of"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,39 @@ CONTEXTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("shortcut", re.compile(r"(?:^|\.)(?:shortcut|downsample|skip|skip_connection|"
                             r"conv_shortcut|proj_shortcut)(?:\.|$)")),
 )
+
+
+@dataclass(frozen=True)
+class RotaryOrder:
+    """How a naming family stores the rows of its rotary (RoPE) attention's q and k.
+
+    Attributes:
+        interleaved: Each head's rotated pairs are adjacent rows (Meta's reference code,
+            torchtune: ``x.reshape(..., -1, 2)``); else the two halves of each head are apart
+            (transformers' ``rotate_half``, after its conversion permuted Meta's rows).
+        rows: A regex of the family's q and k keys (searched in a target key).
+        fused: A regex of its fused ``[Q; K; V]`` keys (gpt-fast's ``wqkv``), whose q and k
+            rows are reordered and v rows kept.
+    """
+
+    interleaved: bool
+    rows: re.Pattern[str]
+    fused: re.Pattern[str] | None = None
+
+
+#: Naming families (:func:`~torchgraft.graft.layouts.family_of`) whose attention is rotary, and
+#: their row order. Between two families of different orders, q and k rows are reordered; the
+#: names decide it, not a guess. torchtune's Llama builders use its interleaved
+#: ``RotaryPositionalEmbeddings``; its Qwen2 (biased q/k/v) splits halves. Its Phi-3 (half-split)
+#: has the Llama builders' names: only outputs compared can tell that one.
+ROTARY_ORDERS: dict[str, RotaryOrder] = {
+    "transformers-llama": RotaryOrder(
+        False, re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$")),
+    "meta-llama": RotaryOrder(True, re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"),
+                              re.compile(r"(^|\.)attention\.wqkv\.(weight|bias)$")),
+    "torchtune-qwen2": RotaryOrder(False, re.compile(r"(^|\.)attn\.[qk]_proj\.(weight|bias)$")),
+    "torchtune-llama": RotaryOrder(True, re.compile(r"(^|\.)attn\.[qk]_proj\.weight$")),
+}
 
 _NUMBERED_NORM = re.compile(r"(?:^|\.)(?:norm|ln|bn|layernorm|layer_norm|gn)_?(\d+)$")
 #: A part of a fused tensor split by torchgraft (``attn.qkv[1]``), and the roles of its parts.

@@ -149,7 +149,7 @@ def materialise_sharded(model: nn.Module, sharded: dict[str, DTensor], keys: Ite
     """
     from torch.distributed.tensor import DTensor
 
-    owners = _holders(model)
+    owners = _holders(model.named_modules())
     for key in keys:
         old = sharded.get(key)
         if old is None or not old.is_meta:

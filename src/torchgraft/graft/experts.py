@@ -151,7 +151,8 @@ def _stacked(side: Side) -> dict[str, dict[tuple[str, str], TensorInfo]]:
     """Experts module path -> (stacked leaf, weight|bias) -> tensor (3-D weights, 2-D biases)."""
     found: dict[str, dict[tuple[str, str], TensorInfo]] = {}
     for name, info in side.tensors.items():
-        match = _STACKED.match(name)
+        tail = name.rpartition("experts.")[2]
+        match = _STACKED.match(name) if tail and "." not in tail else None  # cheap test first
         if match and match["leaf"] in STACKED:
             param = "bias" if match["bias"] else "weight"
             if len(info.shape) == (2 if param == "bias" else 3):
@@ -277,8 +278,10 @@ def add_experts(src: Side, refs: dict[str, TensorRef], dst: Side) -> ExpertTenso
     layouts = expert_layouts(src, dst)
     found = ExpertTensors(src, {}, {}, {})
     infos: dict[str, TensorInfo] = {}
-    src_apart, src_stacked = _per_expert(src), _stacked(src)
-    dst_apart, dst_stacked = _per_expert(dst), _stacked(dst)
+    src_stacked, dst_stacked = _stacked(src), _stacked(dst)
+    if not src_stacked and not dst_stacked:
+        return found  # nothing stacked on either side: nothing to stack or unstack
+    src_apart, dst_apart = _per_expert(src), _per_expert(dst)
     for block, experts in src_apart.items():
         target = _rename(block, layouts)
         if target in dst_stacked and block not in src_stacked and target not in dst_apart:

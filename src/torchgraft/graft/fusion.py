@@ -85,8 +85,9 @@ def _leaf_module(path: str) -> str:
     return path.rpartition(".")[2]
 
 
-def _has(side: Side, names: frozenset[str]) -> bool:
-    return any(_leaf_module(path) in names for path in _modules(side))
+def _leaves(side: Side) -> set[str]:
+    """The last part of every module path of a side (``q_proj``, ``qkv``, ``in_proj``...)."""
+    return {_leaf_module(module_and_leaf(name)[0]) for name in side.tensors}
 
 
 def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
@@ -269,13 +270,15 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
         The source side with each virtual tensor in place of its parts, and the virtual tensors.
     """
     virtual: list[Virtual] = []
+    in_src, in_dst = _leaves(src), _leaves(dst)
     for fusion in FUSIONS:
         names = fusion.fused
         parts = frozenset().union(*fusion.parts)
-        if _has(dst, names) and not _has(src, names):
-            per_head = _has(dst, fusion.per_head)
+        if not in_dst.isdisjoint(names) and in_src.isdisjoint(names):
+            per_head = not in_dst.isdisjoint(fusion.per_head)
             virtual += _fuse(src, refs, fusion, dst, head_dim_of(src, dst) if per_head else None)
-        elif _has(src, names) and not _has(dst, names) and _has(dst, parts):
+        elif not in_src.isdisjoint(names) and in_dst.isdisjoint(names) \
+                and not in_dst.isdisjoint(parts):
             virtual += _split(src, refs, fusion, dst, head_dim_of(src, dst))
     if not virtual:
         return src, []

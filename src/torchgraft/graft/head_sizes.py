@@ -95,6 +95,8 @@ def head_size_mismatch(target: str, source: str, src: Side, dst: Side) -> str | 
     Returns:
         The reason, or ``None`` when they agree or either side does not say.
     """
+    if not src.head_dims or not dst.head_dims:
+        return None
     stated, expected = owner_of(source, src.head_dims), owner_of(target, dst.head_dims)
     if stated is None or expected is None or stated[1] == expected[1]:
         return None

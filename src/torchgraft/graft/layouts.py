@@ -7,16 +7,18 @@ names or module types say they were written differently.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .bare import transposed as bare_transposed
+from .conventions import ROTARY_ORDERS
 from .rules import Rule
 from .sides import Side, TensorInfo
 
 __all__ = ["BARE_PROJECTIONS", "CLIP_HF_TO_OPENAI", "CLIP_OPENAI_TO_HF", "GPT2_CONV1D",
-           "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE",
+           "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "ROTARY",
            "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
            "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
            "rotary_warning"]
@@ -92,6 +94,7 @@ _CONV1D_NAME = re.compile(r"(^|\.)(attn\.c_attn|attn\.q_attn|attn\.c_proj|mlp\.c
                           r"\.(weight|bias)$")
 _CONV1D_WIDE = {re.compile(r"(^|\.)attn\.c_attn\.weight$"): 3,
                 re.compile(r"(^|\.)mlp\.c_fc\.weight$"): 4}
+_WIDE_ENDINGS = ("attn.c_attn.weight", "mlp.c_fc.weight")  # a cheap test before the patterns
 
 
 def _conv1d_pair(src: TensorInfo, dst: TensorInfo) -> bool:
@@ -123,7 +126,8 @@ def mark_file_kinds(side: Side) -> Side:
     """
     wide = any(pattern.search(name) and len(info.shape) == 2
                and info.shape[1] == factor * info.shape[0]
-               for name, info in side.tensors.items() for pattern, factor in _CONV1D_WIDE.items())
+               for name, info in side.tensors.items() if name.endswith(_WIDE_ENDINGS)
+               for pattern, factor in _CONV1D_WIDE.items())
     if wide:
         for name, info in list(side.tensors.items()):
             if _CONV1D_NAME.search(name) and info.kind is None:
@@ -141,11 +145,15 @@ _FAMILIES = {  # first match wins: transformers' CLIP has Llama's attention name
     "transformers-vit": re.compile(
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
+    "torchtune-qwen2": re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$"),
+    "torchtune-llama": re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$"),
 }
+#: Any family's pattern: most names match none, and one search of each tells so.
+_ANY_FAMILY = re.compile("|".join(f"(?:{p.pattern})" for p in _FAMILIES.values()))
 #: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
 #: other code bases with the same attention names.
-_ROTARY_FAMILIES = {"transformers-llama", "meta-llama"}
-_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj)\.weight$")
+_ROTARY_FAMILIES = frozenset(ROTARY_ORDERS)
+_GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj|mlp\.w1)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
 #: this one table. gpt-fast names Meta's way with q, k and v fused in ``wqkv`` (``[Q; K; V]``):
@@ -211,9 +219,9 @@ def family_of(side: Side) -> str | None:
         The family, or ``None``.
     """
     if "family" not in side.facts:  # asked by several layouts and warnings: scanned once
+        named = [name for name in side.tensors if _ANY_FAMILY.search(name)]
         side.facts["family"] = next((family for family, pattern in _FAMILIES.items()
-                                     if any(pattern.search(name) for name in side.tensors)),
-                                    None)
+                                     if any(pattern.search(name) for name in named)), None)
     family: str | None = side.facts["family"]
     return family
 
@@ -226,15 +234,12 @@ LLAMA_HF_TO_META = Layout(
     name="transformers-llama->meta-llama",
     applies=_between("transformers-llama", "meta-llama"),
     renames=_llama_renames(to_meta=True),
-    rotary=RotaryRows(re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"), to_meta=True,
-                      fused=re.compile(r"(^|\.)attention\.wqkv\.(weight|bias)$")),
 )
 
 LLAMA_META_TO_HF = Layout(
     name="meta-llama->transformers-llama",
     applies=_between("meta-llama", "transformers-llama"),
     renames=_llama_renames(to_meta=False),
-    rotary=RotaryRows(re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$"), to_meta=False),
 )
 
 #: transformers' CLIP paths and OpenAI's (open_clip's ``CLIP``; ``{n}`` a block number,
@@ -284,6 +289,14 @@ BARE_PROJECTIONS = Layout(
     transposed=bare_transposed,
     why="a bare projection parameter is stored [in, out] (x @ W), a Linear's weight [out, in]",
 )
+
+#: Between two rotary families of different row orders (:data:`.conventions.ROTARY_ORDERS`),
+#: the target's q and k rows are reordered into its family's order.
+ROTARY = tuple(
+    Layout(name=f"{source}->{target} rotary rows", applies=_between(source, target),
+           rotary=RotaryRows(order.rows, to_meta=order.interleaved, fused=order.fused))
+    for source, target in itertools.permutations(ROTARY_ORDERS, 2)
+    if ROTARY_ORDERS[source].interleaved != (order := ROTARY_ORDERS[target]).interleaved)
 
 _VIT_BLOCK = r"^vit\.(?:encoder\.layer|layers)\.(\d+)\."
 _VIT_NAMES = (  # transformers' names (files keep the 4.x ones, v5 modules rename), timm's
@@ -346,7 +359,7 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, CLIP_HF_TO_OPENAI,
+LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY, CLIP_HF_TO_OPENAI,
            CLIP_OPENAI_TO_HF, BARE_PROJECTIONS, VIT_HF_TO_TIMM, QUANTIZED_PACKED, PEFT_ADAPTER,
            *SENTENCE_TRANSFORMERS)
 

@@ -147,6 +147,8 @@ def exact(state: Planning) -> None:
 def wrappers(state: Planning) -> None:
     """The same name once each side's wrapper prefixes are removed."""
     left_t, left_s = state.left()
+    if not left_t or not left_s:
+        return
     stripped_t = strip_wrappers(state.dst.tensors)[1]
     stripped_s = strip_wrappers(state.renamed.values())[1]
     state.take(_pair_by({t: stripped_t[t] for t in left_t},
@@ -156,6 +158,8 @@ def wrappers(state: Planning) -> None:
 def prefixes(state: Planning) -> None:
     """The same name under a prefix that one side adds."""
     left_t, left_s = state.left()
+    if not left_t or not left_s:
+        return
     stripped_t = strip_wrappers(state.dst.tensors)[1]
     stripped_s = strip_wrappers(state.renamed.values())[1]
     by_stripped = {stripped_s[state.renamed[s]]: s for s in left_s}
@@ -278,10 +282,12 @@ def leftovers(state: Planning) -> None:
 
 def _surplus(plan: Plan, used: set[str]) -> None:
     """Unused keys of numbered blocks whose like were used: the checkpoint is deeper."""
-    shapes = {_DIGITS.sub("#", source) for source in used}
-    for source, reason in plan.unused.items():
-        if reason == "not in the model" and not is_bookkeeping(source) and \
-                _DIGITS.search(source) and _DIGITS.sub("#", source) in shapes:
+    numbered = [source for source, reason in plan.unused.items()
+                if reason == "not in the model" and not is_bookkeeping(source)
+                and _DIGITS.search(source)]
+    shapes = {_DIGITS.sub("#", source) for source in used} if numbered else set()
+    for source in numbered:
+        if _DIGITS.sub("#", source) in shapes:
             plan.surplus[source] = (
                 "the checkpoint has more blocks than the model: this block's like were "
                 "loaded, it was not (another configuration, or blocks dropped on purpose: a "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,9 +30,10 @@ MODULE_KINDS = {
 }
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """One tensor of a side, as planning sees it.
+
+    A named tuple: planning a model of 100k tensors builds hundreds of thousands of them.
 
     Attributes:
         name: Its key.
@@ -93,8 +94,11 @@ class Side:
 _NUMBER = re.compile(r"(\d+)")
 
 
-def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+def natural_key(name: str) -> tuple[int | str, ...]:
     """Sort key for tensor names: numeric parts as numbers (``h.2`` before ``h.10``).
+
+    Text and numbers alternate in the key (text first, ``""`` where a name starts or ends
+    with a number), so each position compares text with text or numbers with numbers.
 
     Args:
         name: A tensor name.
@@ -102,8 +106,9 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     Returns:
         The key.
     """
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in _NUMBER.split(name) if part)
+    parts: list[int | str] = list(_NUMBER.split(name))
+    parts[1::2] = map(int, parts[1::2])
+    return tuple(parts)
 
 
 def looks_sorted(order: Sequence[str], infos: dict[str, TensorInfo]) -> bool:
@@ -203,12 +208,28 @@ def module_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[s
     return _described(model, tensors)[0]
 
 
-def _class_name(module: nn.Module) -> str:
-    """The module's class name, seeing through FSDP2's subclass (``FSDPLinear``: ``Linear``)."""
-    for cls in type(module).__mro__:
-        if not cls.__module__.startswith("torch.distributed.fsdp"):
-            return cls.__name__
-    return type(module).__name__
+def _class_name(cls: type[nn.Module]) -> str:
+    """The class's name, seeing through FSDP2's subclass (``FSDPLinear``: ``Linear``)."""
+    name = _CLASS_NAMES.get(cls)
+    if name is None:
+        name = _CLASS_NAMES[cls] = next(
+            (base.__name__ for base in cls.__mro__
+             if not base.__module__.startswith("torch.distributed.fsdp")), cls.__name__)
+    return name
+
+
+_CLASS_NAMES: dict[type[nn.Module], str] = {}
+
+
+def _attribute(module: nn.Module, name: str) -> Any:
+    """An attribute set on the module or its class, else ``None``.
+
+    ``getattr(module, name, None)`` costs an ``AttributeError`` raised by ``nn.Module``'s
+    ``__getattr__`` for each module without it: seconds on models of 100k modules.
+    """
+    if name in module.__dict__:
+        return module.__dict__[name]
+    return getattr(module, name) if hasattr(type(module), name) else None
 
 
 @dataclass
@@ -219,21 +240,24 @@ class _Heads:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, path: str, module: nn.Module) -> None:
-        head_dim = getattr(module, "head_dim", getattr(module, "head_size", None))
-        if isinstance(head_dim, int):  # head_size: GPT-NeoX's attention
+        head_dim = _attribute(module, "head_dim")
+        if head_dim is None:
+            head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention
+        if isinstance(head_dim, int):
             self.dims[path] = head_dim
-            counts = head_counts_of(module)
+            counts = head_counts_of(module)  # attention modules only: few
             if counts is not None:
                 self.counts[path] = counts
 
 
-def _described(model: nn.Module, tensors: dict[str, torch.Tensor]
+def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
+               modules: Sequence[tuple[str, nn.Module]] | None = None,
                ) -> tuple[dict[str, TensorInfo], _Heads]:
     """Infos with module kinds, and attention heads, from one walk of the modules."""
     kinds: dict[str, str] = {}
     heads = _Heads()
-    for path, module in model.named_modules():
-        kind = MODULE_KINDS.get(_class_name(module))
+    for path, module in model.named_modules() if modules is None else modules:
+        kind = MODULE_KINDS.get(_class_name(type(module)))
         if kind is not None:
             for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind
@@ -313,7 +337,8 @@ def tied_keys(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def module_side(model: nn.Module, example_inputs: Any = None, *,
-                tensors: dict[str, torch.Tensor] | None = None) -> Side:
+                tensors: dict[str, torch.Tensor] | None = None,
+                modules: Sequence[tuple[str, nn.Module]] | None = None) -> Side:
     """Describe an unwrapped module as a graft side.
 
     Args:
@@ -321,12 +346,13 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
         example_inputs: If given, tensors are ordered by use on these inputs; else by
             definition.
         tensors: Its :func:`state_tensors`, if already known.
+        modules: Its ``named_modules()``, if already walked.
 
     Returns:
         Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
     tensors = state_tensors(model) if tensors is None else tensors
-    infos, heads = _described(model, tensors)
+    infos, heads = _described(model, tensors, modules)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
     return Side(infos, order, ties=tied_keys(tensors), head_dims=heads.dims,

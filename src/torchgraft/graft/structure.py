@@ -10,6 +10,9 @@ where both kinds are known.
 
 Alignment is partial, never all or nothing, and never a guess:
 
+0. Numbered blocks (units) first: when both sides have as many and each block's modules can
+   all fill the other's, the k-th block pairs with the k-th and steps 1 and 2 run inside each
+   pair (a parallel-residual block runs its MLP before its attention on one side only).
 1. The longest common subsequence (LCS) of corresponding modules. Only pairs that every
    optimal alignment shares are taken; a local conflict voids only its own stretch.
 2. Within each stretch left between those anchors, then among all that is left: a module that
@@ -23,7 +26,9 @@ A source whose order was recovered from sorted names knows the order of numbered
 not of other siblings (``attention.output`` sorts before ``attention.self``). For it, step 1
 pairs modules of one shape class in order (the k-th of the model's with the k-th of the
 checkpoint's) when both sides have as many and no block holds two of them that only their
-names order; neighbours are not used.
+names order; neighbours are not used. A class is split first by the contexts both sides name
+(``encoder``, ``decoder``, ``cross``...: :data:`~torchgraft.graft.conventions.CONTEXTS`), so
+an encoder's blocks pair with the encoder's however letters order the sides.
 
 Whatever is left and could have fitted several modules is reported as ambiguous, by name.
 
@@ -33,9 +38,13 @@ nearest numbered ancestor (a block, :func:`~torchgraft.graft.conventions.unit_of
 and the other way round; when the roles of their names (:mod:`~torchgraft.graft.conventions`)
 single it out among the candidates (a block's ``q_proj`` is its ``query``); or when the
 candidates on each side differ only by numbers (``bn1``, ``bn2``) and the pairs follow those
-numbers in the model's order. Any other pair among same-shape candidates is a ``guess``, with
-the other candidates as its alternatives. Before that, same-shape pairs of a unit whose roles
-are all known are re-paired by role.
+numbers in the model's order. A norm goes with the convolution it normalises (the only one of
+its width under its parent, ``expansion.expand_conv``; else, in a real order, the one right
+before it, ``_expand_conv`` before ``_bn0``): two norms whose convolutions are paired pair
+too, and norms that follow their convolutions are ordered like numbered ones (``_bn0``,
+``_bn1`` against ``expand_bn``, ``depthwise_norm``). Any other pair among same-shape
+candidates is a ``guess``, with the other candidates as its alternatives. Before that,
+same-shape pairs of a unit are re-paired by role, then by convolution, then by number.
 """
 
 from __future__ import annotations
@@ -203,16 +212,23 @@ class _Aligner:
         alone = (sub.sum(axis=1) == 1)[:, None] & (sub.sum(axis=0) == 1)[None, :] & sub
         return [(rows[r], cols[c]) for r, c in zip(*np.nonzero(alone), strict=True)]
 
-    def _by_class(self) -> None:
-        """For a sorted source: pair each shape class in order, where its order is known."""
-        classes_a: dict[tuple[bool, ...], list[int]] = {}
+    def _by_class(self, sides: tuple[list[tuple[str, ...]], list[tuple[str, ...]]]) -> None:
+        """For a sorted source: pair each shape class in order, where its order is known.
+
+        A class is split by the contexts that name where a module sits (``encoder``,
+        ``decoder``, ``cross``...; :data:`~torchgraft.graft.conventions.CONTEXTS`, those both
+        sides name): an encoder's blocks pair with the encoder's, whatever letters order them.
+        """
+        side_a, side_b = sides
+        classes_a: dict[tuple[tuple[bool, ...], tuple[str, ...]], list[int]] = {}
         for i in range(len(self.a)):
-            classes_a.setdefault(tuple(self.match[i]), []).append(i)
-        for fits_row, rows in classes_a.items():
-            cols = [j for j, fit in enumerate(fits_row) if fit]
+            classes_a.setdefault((tuple(self.match[i]), side_a[i]), []).append(i)
+        for (fits_row, side), rows in classes_a.items():
+            cols = [j for j, fit in enumerate(fits_row) if fit and side_b[j] == side]
             if not cols or len(cols) != len(rows):
                 continue
-            if any(tuple(self.match[:, j]) != tuple(self.match[:, cols[0]]) for j in cols):
+            if any([i for i in np.nonzero(self.match[:, j])[0] if side_a[i] == side] != rows
+                   for j in cols):
                 continue  # a source module of the class fits other target modules too
             if _in_order([self.b[j] for j in cols]):
                 for i, j in zip(rows, cols, strict=True):
@@ -281,12 +297,54 @@ class _Aligner:
                 found = True
         return found
 
-    def run(self) -> None:
+    def _covers(self, rows: list[int], cols: list[int]) -> bool:
+        """Whether every module of ``rows`` can take its own module of ``cols``, none left."""
+        if len(rows) != len(cols):
+            return False
+        owner: dict[int, int] = {}
+
+        def place(i: int, seen: set[int]) -> bool:
+            for j in cols:
+                if self.match[i, j] and j not in seen:
+                    seen.add(j)
+                    if j not in owner or place(owner[j], seen):
+                        owner[j] = i
+                        return True
+            return False
+
+        return all(place(i, set()) for i in rows)
+
+    def _by_units(self, ua: _Units, ub: _Units) -> tuple[list[int], list[int]]:
+        """Pair numbered blocks in order, then align each pair's modules within it.
+
+        Only when both sides have as many blocks and each block's modules can all fill the
+        other's (a deeper or otherwise shaped checkpoint aligns module by module). Inside a
+        block, the order of use may differ (a parallel residual runs its MLP first): aligning
+        block by block keeps a module from pairing with another block's.
+
+        Returns:
+            The target and source modules outside those blocks.
+        """
+        units_a, units_b = ua.blocks(), ub.blocks()
+        blocks = list(zip(units_a.values(), units_b.values(), strict=False))
+        if len(units_a) != len(units_b) or len(blocks) < 2 or not all(
+                self._covers(rows, cols) for rows, cols in blocks):
+            return list(range(len(self.a))), list(range(len(self.b)))
+        for rows, cols in blocks:
+            self.solve(rows, cols)
+            self._solve_unique([i for i in rows if i not in self.pairs],
+                               [j for j in cols if j not in set(self.pairs.values())])
+        inside_a = {i for rows, _ in blocks for i in rows}
+        inside_b = {j for _, cols in blocks for j in cols}
+        return ([i for i in range(len(self.a)) if i not in inside_a],
+                [j for j in range(len(self.b)) if j not in inside_b])
+
+    def run(self, ua: _Units, ub: _Units) -> None:
         """All steps, until nothing more pairs."""
         if self.source_ordered:
-            self.solve(list(range(len(self.a))), list(range(len(self.b))))
+            self.solve(*self._by_units(ua, ub))
         else:
-            self._by_class()
+            self._by_class((ua.context, ub.context))
         while True:
             unique = self._unique(*self._free())
             for i, j in unique:
@@ -296,10 +354,47 @@ class _Aligner:
                 return
 
 
-class _Units:
-    """One side's groups: their units, roles and classes."""
+def _out_channels(group: _Group) -> int | None:
+    """A convolution's output channels (its weight has 3 dimensions or more), else None."""
+    weight = next((t for t in group.tensors if _leaf(t) == "weight"), None)
+    if weight is None or len(weight.shape) < 3 or weight.kind not in ("conv", None):
+        return None
+    return weight.shape[0]
 
-    def __init__(self, groups: list[_Group], classes: list[int]) -> None:
+
+def _norm_size(group: _Group) -> int | None:
+    """A norm's width (every tensor of it 1-D), else None."""
+    weight = next((t for t in group.tensors if _leaf(t) == "weight"), None)
+    if weight is None or weight.kind not in ("norm", None) or any(
+            len(t.shape) != 1 for t in group.tensors):
+        return None
+    return weight.shape[0]
+
+
+def _anchors(groups: list[_Group], *, ordered: bool) -> list[int | None]:
+    """The convolution each norm normalises (a group index), where names or order tell.
+
+    Under the norm's parent, the only convolution whose output channels are the norm's width
+    (``expansion.expand_conv`` for ``expansion.expand_bn``); else, where the side's order is
+    real, the one right before it (``_expand_conv`` before ``_bn0``).
+    """
+    convs: dict[str, list[int]] = {}
+    for k, group in enumerate(groups):
+        if _out_channels(group) is not None:
+            convs.setdefault(group.parent, []).append(k)
+    found: list[int | None] = []
+    for k, group in enumerate(groups):
+        size = _norm_size(group)
+        fitting = [c for c in convs.get(group.parent, ()) if _out_channels(groups[c]) == size]
+        found.append(fitting[0] if len(fitting) == 1 else
+                     k - 1 if ordered and k - 1 in fitting else None)
+    return found
+
+
+class _Units:
+    """One side's groups: their units, roles, classes, and the convolution of each norm."""
+
+    def __init__(self, groups: list[_Group], classes: list[int], *, ordered: bool) -> None:
         children: dict[str, set[str]] = {}
         for g in groups:
             children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
@@ -307,7 +402,18 @@ class _Units:
         self.unit = [unit_of(g.path) for g in groups]
         self.parts = [role_parts(g.path, frozenset(children[g.parent])) for g in groups]
         self.role = [joined_role(*p) for p in self.parts]
+        self.context = [contexts for contexts, _ in self.parts]
         self.cls = classes
+        self.ordered = ordered
+        self.anchor = _anchors(groups, ordered=ordered)
+
+    def blocks(self) -> dict[str, list[int]]:
+        """Each numbered block (unit) to its groups, in order of first use; the root apart."""
+        found: dict[str, list[int]] = {}
+        for k, unit in enumerate(self.unit):
+            if unit:
+                found.setdefault(unit, []).append(k)
+        return found
 
     def contexts(self) -> set[str]:
         """Every context this side's paths name."""
@@ -315,8 +421,9 @@ class _Units:
 
     def keep_contexts(self, kept: set[str]) -> None:
         """Roles with only the contexts both sides name (one side's ``encoder.`` says nothing)."""
-        self.role = [joined_role(tuple(c for c in contexts if c in kept), own)
-                     for contexts, own in self.parts]
+        self.context = [tuple(c for c in contexts if c in kept) for contexts, _ in self.parts]
+        self.role = [joined_role(context, own)
+                     for context, (_, own) in zip(self.context, self.parts, strict=True)]
 
 
 def _prefix(paths: list[str]) -> str:
@@ -351,6 +458,7 @@ class _Scope:
     own: _Units
     other: _Units
     pairs: list[tuple[int, int]]  # (own group, other group)
+    partner: dict[int, int]  # every own group paired, to its partner
     stems: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -365,6 +473,7 @@ def _scopes(pairs: dict[int, int], ua: _Units, ub: _Units, *,
             sides: tuple[bool, ...] = (True, False)) -> list[_Scope]:
     """Every unit of the target side (True) and of the source side (False), with its pairs."""
     found = []
+    back = {j: i for i, j in pairs.items()}
     for target_side in sides:
         units: dict[str, list[tuple[int, int]]] = {}
         for i, j in pairs.items():
@@ -373,7 +482,8 @@ def _scopes(pairs: dict[int, int], ua: _Units, ub: _Units, *,
             else:
                 units.setdefault(ub.unit[j], []).append((j, i))
         own, other = (ua, ub) if target_side else (ub, ua)
-        found += [_Scope(own, other, items) for items in units.values()]
+        partner = pairs if target_side else back
+        found += [_Scope(own, other, items, partner) for items in units.values()]
     return found
 
 
@@ -383,7 +493,7 @@ def _repair(pairs: dict[int, int], ua: _Units, ub: _Units) -> None:
     Scopes of one side hold disjoint pairs, so each side's are found afresh after the other's
     were repaired.
     """
-    for repair in (_repair_roles, _repair_numbers):
+    for repair in (_repair_roles, _repair_anchors, _repair_numbers):
         for target_side in (True, False):
             for scope in _scopes(pairs, ua, ub, sides=(target_side,)):
                 repair(pairs, scope, target_side=target_side)
@@ -418,6 +528,26 @@ def _repair_roles(pairs: dict[int, int], scope: _Scope, *, target_side: bool) ->
         _set(pairs, i, k, target_side=target_side)
 
 
+def _repair_anchors(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Swap two same-shape norms of a unit when that pairs each with its convolution's partner."""
+    own, other = scope.own, scope.other
+    current = dict(scope.pairs)
+    partner_of = {k: i for i, k in current.items()}
+    for i, k in list(current.items()):
+        conv = own.anchor[i]
+        if conv is None or conv not in scope.partner or _anchored(scope, i, k):
+            continue
+        wanted = [k2 for k2 in partner_of if other.anchor[k2] == scope.partner[conv]
+                  and other.cls[k2] == other.cls[k]]
+        i2 = partner_of[wanted[0]] if len(wanted) == 1 else None
+        if i2 is None or own.cls[i2] != own.cls[i] or _anchored(scope, i2, wanted[0]):
+            continue
+        current[i], current[i2] = wanted[0], k
+        partner_of[wanted[0]], partner_of[k] = i, i2
+    for i, k in current.items():
+        _set(pairs, i, k, target_side=target_side)
+
+
 def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
     """Within a unit, pairs of numbered siblings follow their numbers on both sides."""
     groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
@@ -433,17 +563,40 @@ def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) 
 
 
 def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
-    """Whether roles or numbers forbid swapping the partners of pairs ``p`` and ``q``."""
+    """Whether roles, convolutions or order forbid swapping the partners of ``p`` and ``q``."""
     own, other = scope.own, scope.other
     (i, k), (i2, k2) = p, q
     for (x, y), y2 in ((p, k2), (q, k)):
         if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
             return True
-    stems = scope.stems[p]
-    if stems != scope.stems[q] or "#" not in stems[0] or "#" not in stems[1]:
-        return False
-    before = natural_key(own.paths[i]) < natural_key(own.paths[i2])
-    return before == (natural_key(other.paths[k]) < natural_key(other.paths[k2]))
+        if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
+            return True
+    (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
+    before = _before(own, own_p == own_q and "#" in own_p, i, i2)
+    after = _before(other, other_p == other_q and "#" in other_p, k, k2)
+    return before is not None and before == after
+
+
+def _anchored(scope: _Scope, x: int, y: int) -> bool | None:
+    """Whether norms ``x`` (own) and ``y`` (other) normalise paired convolutions; None: unknown."""
+    conv, other_conv = scope.own.anchor[x], scope.other.anchor[y]
+    if conv is None or other_conv is None or conv not in scope.partner:
+        return None
+    return scope.partner[conv] == other_conv
+
+
+def _before(units: _Units, numbered: bool, x: int, x2: int) -> bool | None:
+    """Whether ``x`` comes before ``x2`` on its side, where that is known.
+
+    Numbers in their names order siblings that differ only by them (``bn1``, ``bn2``,
+    ``_bn0``); a real order of definition or use orders norms that each follow their
+    convolution. Else ``None``.
+    """
+    if numbered:
+        return natural_key(units.paths[x]) < natural_key(units.paths[x2])
+    if units.ordered and units.anchor[x] is not None and units.anchor[x2] is not None:
+        return x < x2
+    return None
 
 
 class _Judge:
@@ -464,6 +617,11 @@ class _Judge:
 
     def _fits(self, i: int, j: int) -> bool:
         return bool(self.aligner.table[self.ua.cls[i], self.ub.cls[j]])
+
+    def _role_rules_out(self, i: int, j: int, k: int) -> bool:
+        """Whether roles rule out ``k`` for ``i``: ``i`` and ``j`` agree, ``k`` does not."""
+        role = self.ua.role[i]
+        return role is not None and role == self.ub.role[j] != self.ub.role[k]
 
     def _swaps(self, scope: _Scope) -> dict[int, list[int]]:
         """Target group to the source groups it could swap with, within one scope."""
@@ -491,7 +649,8 @@ class _Judge:
         for i, j in self.aligner.pairs.items():
             votes.setdefault(self.ua.unit[i], Counter())[self.ub.unit[j]] += 1
         for i, j in self.aligner.pairs.items():
-            free = [k for k in self.free.get(self.ub.unit[j], ()) if self._fits(i, k)]
+            free = [k for k in self.free.get(self.ub.unit[j], ())
+                    if self._fits(i, k) and not self._role_rules_out(i, j, k)]
             if free:
                 found.setdefault(i, []).extend(free)
             unit_votes = votes[self.ua.unit[i]]
@@ -585,11 +744,12 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     if not a or not b:
         return Alignment({})
     aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
-    aligner.run()
-    ua, ub = _Units(a, aligner.classes[0]), _Units(b, aligner.classes[1])
+    ua = _Units(a, aligner.classes[0], ordered=True)
+    ub = _Units(b, aligner.classes[1], ordered=source_ordered)
     common = ua.contexts() & ub.contexts()
     ua.keep_contexts(common)
     ub.keep_contexts(common)
+    aligner.run(ua, ub)
     _fill_by_units(aligner, ua, ub)
     _repair(aligner.pairs, ua, ub)
     result = _paired_tensors(aligner, _Judge(aligner, ua, ub).guesses())

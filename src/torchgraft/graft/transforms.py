@@ -236,6 +236,10 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         options: The options.
     """
     dst = options.dst.tensors[target]
+    if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
+            and source not in options.derived and source not in options.doubts):
+        plan.steps.append(PlanStep(target, source, how, (), "", _evidence(plan, target, how)))
+        return  # a plain copy: the common case, decided without the checks below
     ops, dtype, rotary = _ops(target, source, src, dst, options)
     if isinstance(rotary, str):
         plan.missing[target] = rotary
@@ -258,6 +262,10 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
     guess = _guess(source, src, dst, rotary, options)
     if guess is not None and target not in plan.guesses:
         plan.guesses[target] = guess
-    evidence = (Evidence.GUESS if target in plan.guesses
-                else Evidence.NAME if how in NAME_STEPS else Evidence.STRUCTURE)
-    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast, evidence))
+    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast,
+                               _evidence(plan, target, how)))
+
+
+def _evidence(plan: Plan, target: str, how: MatchStep) -> Evidence:
+    return (Evidence.GUESS if target in plan.guesses
+            else Evidence.NAME if how in NAME_STEPS else Evidence.STRUCTURE)

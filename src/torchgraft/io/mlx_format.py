@@ -1,13 +1,15 @@
 """MLX: mlx-lm model folders, whose group-wise quantized weights are dequantized on read.
 
 mlx-lm saves safetensors (``format: mlx`` in their metadata) beside a ``config.json`` whose
-``quantization`` gives ``group_size`` and ``bits`` (per module where they differ). A quantized
-Linear or Embedding ``X`` is stored as ``X.weight`` (uint32 words packing ``32 / bits`` values
-each, first value in the lowest bits), ``X.scales`` and ``X.biases`` (one per group of
-``group_size`` inputs): ``weight = scales * q + biases``. Read here, ``X.weight`` is that
-float weight (in the scales' dtype) and the scales and biases are gone, so the folder grafts
-into the unquantized PyTorch model. Names are transformers' already; MLX's rotary layout is
-transformers' (``traditional=False``).
+``quantization`` gives ``group_size``, ``bits`` and ``mode`` (per module where they differ). A
+quantized Linear or Embedding ``X`` is stored as ``X.weight`` (uint32 words of packed codes),
+``X.scales`` (one per group of ``group_size`` inputs) and, in ``affine`` mode only,
+``X.biases``; :mod:`.mlx_quant` has what each mode means. Read here, ``X.weight`` is the
+float weight ``mx.dequantize`` gives and the scales and biases are gone, so the folder grafts
+into the unquantized PyTorch model. What the config claims must fit what is stored (widths,
+group counts, biases, the scales' dtype), else the folder is refused: a wrong claim never
+gives wrong values. Names are transformers' already; MLX's rotary layout is transformers'
+(``traditional=False``).
 
 MLX's ``save_weights`` files are plain safetensors or npz with no marker; their convolutions
 (``[out, kh, kw, in]``) are not re-laid here.
@@ -24,39 +26,15 @@ import torch
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
+from .mlx_quant import AFFINE_BITS, MODES, dequantize
 from .registry import checkpoint_in, open_contents
 from .safetensors_format import FORMAT as SAFETENSORS
 
-__all__ = ["FORMAT", "FOLDER_FORMAT", "dequantize"]
+__all__ = ["FORMAT", "FOLDER_FORMAT"]
 
 _CONFIG = "config.json"
 _MAX_CONFIG = 16 << 20
 _WORD_BITS = 32
-_SUPPORTED_BITS = (2, 4, 8)
-
-
-def dequantize(packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, *,
-               bits: int, group_size: int) -> torch.Tensor:
-    """MLX's affine dequantization: ``scales * q + biases`` per group of inputs.
-
-    Args:
-        packed: ``[..., in * bits / 32]`` uint32 words, first value in the lowest bits.
-        scales: ``[..., in / group_size]``.
-        biases: Same shape as ``scales``.
-        bits: Bits per value.
-        group_size: Inputs per scale.
-
-    Returns:
-        The ``[..., in]`` weight, in the scales' dtype.
-    """
-    per_byte = 8 // bits
-    shifts = torch.arange(per_byte, dtype=torch.uint8) * bits
-    # Little-endian words: value i sits in byte i // per_byte, at bit (i % per_byte) * bits.
-    data = packed.contiguous().view(torch.uint8).unsqueeze(-1)
-    values = ((data >> shifts) & ((1 << bits) - 1)).reshape(*packed.shape[:-1], -1, group_size)
-    dtype = scales.dtype
-    weight = scales.unsqueeze(-1) * values.to(dtype) + biases.unsqueeze(-1)
-    return weight.reshape(*packed.shape[:-1], -1)
 
 
 def _quantization(folder: Path) -> dict[str, Any] | None:
@@ -75,64 +53,104 @@ def _quantization(folder: Path) -> dict[str, Any] | None:
     return None
 
 
-def _parameters(quantization: dict[str, Any], module: str) -> tuple[int, int]:
-    """The (bits, group_size) of one module: its own entry where mlx-lm wrote one."""
+def _parameters(quantization: dict[str, Any], module: str, path: Path) -> tuple[str, int, int]:
+    """The (mode, bits, group_size) of one module: its own entry where mlx-lm wrote one."""
     own = quantization.get(module)
     chosen = own if isinstance(own, dict) else quantization
-    bits, group = chosen.get("bits"), chosen.get("group_size")
-    if chosen.get("mode", "affine") != "affine":
-        raise UnsupportedCheckpointError(f"'{module}' is quantized in MLX's "
-                                         f"{chosen.get('mode')!r} mode; torchgraft dequantizes "
-                                         "'affine' (mlx-lm's default)")
-    if not isinstance(bits, int) or not isinstance(group, int) or group <= 0:
-        raise CorruptCheckpointError(f"config.json's quantization for '{module}' lacks bits "
-                                     "or group_size")
-    return bits, group
-
-
-def _dequantized(module: str, packed: TensorRef, scales: TensorRef, biases: TensorRef,
-                 bits: int, group: int, path: Path) -> TensorRef:
-    if bits not in _SUPPORTED_BITS:
-        raise UnsupportedCheckpointError(f"'{module}' is quantized to {bits} bits; torchgraft "
-                                         f"dequantizes {_SUPPORTED_BITS} bits", path=path)
-    rows, words = packed.meta.shape[:-1], packed.meta.shape[-1]
-    width = words * (_WORD_BITS // bits)
-    if (packed.meta.dtype != torch.uint32 or width % group
-            or scales.meta.shape != (*rows, width // group) or biases.meta.shape
-            != scales.meta.shape):
+    mode, bits, group = chosen.get("mode", "affine"), chosen.get("bits"), chosen.get("group_size")
+    if not isinstance(mode, str) or mode not in MODES or chosen.get("global_scale"):
+        raise UnsupportedCheckpointError(
+            f"'{module}' is quantized in MLX's {mode!r} mode"
+            f"{' with a global scale' if chosen.get('global_scale') else ''}; torchgraft "
+            f"dequantizes the modes {sorted(MODES)}", path=path)
+    shapes = MODES[mode].shapes
+    allowed = shapes if shapes is not None else [(b, group) for b in AFFINE_BITS]
+    if not isinstance(bits, int) or not isinstance(group, int) or (bits, group) not in allowed:
         raise CorruptCheckpointError(
-            f"'{module}': weight {packed.meta.shape} ({packed.meta.dtype}), scales "
-            f"{scales.meta.shape}, biases {biases.meta.shape} do not fit {bits}-bit groups of "
-            f"{group}", path=path)
-    meta = TensorMeta.of((*rows, width), scales.meta.dtype)
+            f"config.json's quantization for '{module}' says mode {mode!r}, bits {bits!r}, "
+            f"group_size {group!r}; MLX's {mode} mode has (bits, group_size) in "
+            f"{shapes or 'bits ' + str(AFFINE_BITS)}", path=path)
+    return mode, bits, group
+
+
+def _check(module: str, claim: tuple[str, int, int], parts: dict[str, TensorRef],
+           path: Path) -> tuple[int, ...]:
+    """The dequantized shape, once the stored tensors fit the config's claim."""
+    mode, bits, group = claim
+    packed, scales, biases = parts["weight"], parts["scales"], parts.get("biases")
+    rows, words = packed.meta.shape[:-1], packed.meta.shape[-1]
+    width = words * _WORD_BITS // bits
+    floating = scales.meta.dtype.is_floating_point
+    fits = (packed.meta.dtype == torch.uint32 and not words * _WORD_BITS % bits
+            and not width % group
+            and scales.meta.shape == (*rows, width // group)
+            and (biases is not None) == MODES[mode].biases == floating
+            and (biases is None or biases.meta.shape == scales.meta.shape)
+            and (floating or scales.meta.dtype == torch.uint8))
+    if not fits:
+        found = ", ".join(f"{leaf} {ref.meta.shape} ({ref.meta.dtype})"
+                          for leaf, ref in parts.items())
+        raise CorruptCheckpointError(
+            f"'{module}': {found} do not fit config.json's claim (mode {mode!r}, {bits}-bit "
+            f"groups of {group}{', with biases' if MODES[mode].biases else ', no biases'})",
+            path=path)
+    return (*rows, width)
+
+
+def _dequantized(module: str, claim: tuple[str, int, int], parts: dict[str, TensorRef],
+                 path: Path) -> TensorRef:
+    mode, bits, group = claim
+    shape = _check(module, claim, parts, path)
+    dtype = parts["scales"].meta.dtype if MODES[mode].biases else torch.bfloat16
+    biases = parts.get("biases")
 
     def read() -> torch.Tensor:
-        return dequantize(packed.read(), scales.read(), biases.read(), bits=bits,
-                          group_size=group)
+        return dequantize(parts["weight"].read(), parts["scales"].read(),
+                          biases.read() if biases is not None else None, bits=bits,
+                          group_size=group, mode=mode)
 
-    return TensorRef(meta, read)
+    return TensorRef(TensorMeta.of(shape, dtype), read)
+
+
+def _quantized_modules(root: dict[str, Any]) -> dict[str, dict[str, TensorRef]]:
+    """Each module stored as ``weight`` + ``scales`` (+ ``biases``), with those tensors."""
+    found = {}
+    for name in root:
+        module = name.removesuffix(".scales")
+        if name.endswith(".scales") and isinstance(root.get(f"{module}.weight"), TensorRef):
+            found[module] = {leaf: root[f"{module}.{leaf}"]
+                             for leaf in ("weight", "scales", "biases", "global_scale")
+                             if isinstance(root.get(f"{module}.{leaf}"), TensorRef)}
+    return found
 
 
 def _dequantize_root(root: dict[str, Any], quantization: dict[str, Any] | None,
-                     path: Path) -> dict[str, Any]:
-    """Replace every ``X.weight``/``X.scales``/``X.biases`` triple by ``X.weight`` in floats."""
-    modules = [name.removesuffix(".scales") for name in root if name.endswith(".scales")
-               and isinstance(root.get(name.removesuffix(".scales") + ".weight"), TensorRef)
-               and isinstance(root.get(name.removesuffix(".scales") + ".biases"), TensorRef)]
+                     path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Replace every quantized module's stored tensors by its float ``X.weight``.
+
+    Returns:
+        The new root, and how many weights each (mode, bits, group size) held.
+    """
+    modules = _quantized_modules(root)
+    counts: dict[str, int] = {}
     if not modules:
-        return root
+        return root, counts
     if quantization is None:
         raise UnsupportedCheckpointError(
-            f"'{modules[0]}' is MLX-quantized (weight, scales, biases) and the folder's "
-            "config.json has no 'quantization' (bits, group_size)", path=path)
+            f"'{next(iter(modules))}' is MLX-quantized (weight, scales) and the folder's "
+            "config.json has no 'quantization' (mode, bits, group_size)", path=path)
     out = dict(root)
-    for module in modules:
-        bits, group = _parameters(quantization, module)
-        out[f"{module}.weight"] = _dequantized(module, root[f"{module}.weight"],
-                                               root[f"{module}.scales"],
-                                               root[f"{module}.biases"], bits, group, path)
-        del out[f"{module}.scales"], out[f"{module}.biases"]
-    return out
+    for module, parts in modules.items():
+        if "global_scale" in parts:
+            raise UnsupportedCheckpointError(f"'{module}' has an nvfp4 global scale; "
+                                             "torchgraft does not dequantize those", path=path)
+        claim = _parameters(quantization, module, path)
+        for leaf in parts:
+            del out[f"{module}.{leaf}"]
+        out[f"{module}.weight"] = _dequantized(module, claim, parts, path)
+        kind = "{} {}-bit, groups of {}".format(*claim)
+        counts[kind] = counts.get(kind, 0) + 1
+    return out, counts
 
 
 def _open_file(path: Path, options: ReadOptions) -> Contents:
@@ -152,8 +170,9 @@ def _open_folder(path: Path, options: ReadOptions) -> Contents:
     inner = open_contents(checkpoint_in(path), options.part())
     root = inner.root
     if isinstance(root, dict):
-        root = _dequantize_root(root, quantization, path)
-        root["__metadata__"] = {"framework": "mlx", "quantization": quantization or {}}
+        root, counts = _dequantize_root(root, quantization, path)
+        root["__metadata__"] = {"framework": "mlx", "dequantized": counts,
+                                "quantization": quantization or {}}
     return Contents("mlx", path, root, inner.closers)
 
 

@@ -12,6 +12,13 @@ gives the module path, and its operator and input slot give the leaf name and la
 (:data:`ROLES`), so the weight comes back as ``encoder.fc1.weight``, transposed back.
 Initializers that no weight role or PyTorch-like name claims (shape constants) are left out and
 listed in the metadata.
+
+Control flow keeps graphs inside nodes: the ``then_branch``/``else_branch`` of an ``If``, the
+``body`` of a ``Loop`` or ``Scan`` (attributes of type GRAPH or GRAPHS). Their initializers are
+read like the main graph's and their nodes name the weights they use, the main graph's too
+(TorchScript's exporter leaves ``a.weight``'s transposed copy in the main graph, used by
+``/a/MatMul`` inside a branch). Values passed on through ``Identity`` nodes count as used
+where their copies are. Subgraphs nest at most :data:`MAX_DEPTH` deep.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from .contain import contained
 from .framework import relaid
 from .source import ByteSource, FileSource, MemorySource
 
-__all__ = ["FORMAT", "ROLES"]
+__all__ = ["FORMAT", "MAX_DEPTH", "ROLES"]
 
 #: TensorProto.DataType to torch dtype.
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16,
@@ -59,7 +66,13 @@ ROLES: dict[tuple[str, int], tuple[str, str | None]] = {
 #: An initializer already named as a PyTorch state-dict key keeps its name.
 _TORCH_NAME = re.compile(r"[A-Za-z_]\w*(\.\w+)+")
 _MAX_VARINT = 10
+#: Nodes up to this size are read whole, then walked in memory; bigger ones (a subgraph holding
+#: weights) are walked in place.
 _MAX_NODE_BYTES = 1 << 20
+#: How deep subgraphs (If/Loop/Scan bodies) may nest; exporters nest a few levels.
+MAX_DEPTH = 16
+#: AttributeProto fields holding graphs: ``g`` (GRAPH) and ``graphs`` (GRAPHS).
+_GRAPH_FIELDS = (6, 11)
 _MAX_TYPED_BYTES = 64 << 20
 
 
@@ -167,25 +180,73 @@ class _Node:
     op: str = ""
     name: str = ""
     inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
     ints: dict[str, int] = field(default_factory=dict)
+    #: Where its subgraphs are in the file: (offset, length).
+    graphs: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _node(fields: _Fields) -> _Node:
+def _attribute(node: _Node, fields: _Fields, base: int) -> None:
+    """An attribute's integer value (``transB``) and its subgraphs' spans in the file."""
+    name, value = "", None
+    for number, wire, found in fields:
+        if number == 1 and wire == 2:
+            name = fields.text(found, "an attribute name")
+        elif number == 3 and wire == 0:
+            value = found
+        elif number in _GRAPH_FIELDS and wire == 2:
+            node.graphs.append((base + found[0], found[1]))
+    if name and value is not None:
+        node.ints[name] = value
+
+
+#: NodeProto fields read as text: the list they go to, and what they are.
+_NODE_TEXT = {1: ("inputs", "a node input"), 2: ("outputs", "a node output")}
+
+
+def _node(fields: _Fields, base: int) -> _Node:
+    """A NodeProto; ``base`` is the file offset of ``fields``' source (read into memory)."""
     node = _Node()
     for number, wire, value in fields:
         if wire != 2:
             continue
-        if number == 1:
-            node.inputs.append(fields.text(value, "a node input"))
+        if number in _NODE_TEXT:
+            names, what = _NODE_TEXT[number]
+            getattr(node, names).append(fields.text(value, what))
         elif number == 3:
             node.name = fields.text(value, "a node name")
         elif number == 4:
             node.op = fields.text(value, "an operator")
         elif number == 5:
-            attribute = {n: v for n, _, v in fields.sub(value)}
-            if 1 in attribute and 3 in attribute:
-                node.ints[fields.text(attribute[1], "an attribute name")] = attribute[3]
+            _attribute(node, fields.sub(value), base)
     return node
+
+
+def _read_node(source: FileSource, span: tuple[int, int]) -> _Node:
+    """A node read whole when small, else walked where it is."""
+    if span[1] > _MAX_NODE_BYTES:
+        return _node(_Fields(source, span[0], span[0] + span[1]), 0)
+    data = source.read(*span, what="a graph node")
+    return _node(_Fields(MemorySource(data, source.name), 0, len(data)), span[0])
+
+
+def _walk(graph: _Fields, source: FileSource, found: tuple[list[_Tensor], list[_Node]],
+          depth: int) -> None:
+    """Collect a graph's initializers and nodes, and those of its nodes' subgraphs."""
+    if depth > MAX_DEPTH:
+        raise CorruptCheckpointError(f"ONNX subgraphs (If/Loop/Scan bodies) nest deeper than "
+                                     f"{MAX_DEPTH} levels", path=source.name)
+    tensors, nodes = found
+    for number, wire, value in graph:
+        if wire != 2:
+            continue
+        if number == 5:
+            tensors.append(_tensor(graph.sub(value)))
+        elif number == 1:
+            node = _read_node(source, value)
+            nodes.append(node)
+            for span in node.graphs:
+                _walk(_Fields(source, span[0], span[0] + span[1]), source, found, depth + 1)
 
 
 def _graph(source: FileSource) -> tuple[list[_Tensor], list[_Node]]:
@@ -193,20 +254,9 @@ def _graph(source: FileSource) -> tuple[list[_Tensor], list[_Node]]:
     graphs = [v for n, w, v in model if n == 7 and w == 2]
     if not graphs:
         raise CorruptCheckpointError("the ONNX model has no graph", path=source.name)
-    tensors, nodes = [], []
-    for number, wire, value in model.sub(graphs[-1]):
-        if wire != 2:
-            continue
-        if number == 5:
-            tensors.append(_tensor(model.sub(value)))
-        elif number == 1:
-            if value[1] > _MAX_NODE_BYTES:
-                raise CorruptCheckpointError(f"a graph node of {value[1]} bytes is implausible",
-                                             path=source.name)
-            node_bytes = source.read(*value, what="a graph node")
-            nodes.append(_node(_Fields(MemorySource(node_bytes, source.name), 0,
-                                       len(node_bytes))))
-    return tensors, nodes
+    found: tuple[list[_Tensor], list[_Node]] = ([], [])
+    _walk(model.sub(graphs[-1]), source, found, 0)
+    return found
 
 
 def _module_path(node: _Node) -> str | None:
@@ -224,6 +274,20 @@ def _consumers(nodes: list[_Node]) -> dict[str, list[tuple[_Node, int]]]:
         for slot, name in enumerate(node.inputs):
             consumers.setdefault(name, []).append((node, slot))
     return consumers
+
+
+def _uses(name: str, consumers: dict[str, list[tuple[_Node, int]]]) -> list[tuple[_Node, int]]:
+    """The nodes that use a value, its ``Identity`` copies included, in graph order."""
+    uses, queue, seen = [], [name], {name}
+    while queue:
+        for node, slot in consumers.get(queue.pop(0), []):
+            if node.op != "Identity":
+                uses.append((node, slot))
+                continue
+            fresh = [out for out in node.outputs if out not in seen]
+            seen.update(fresh)
+            queue.extend(fresh)
+    return uses
 
 
 def _recovered(tensor: _Tensor, uses: list[tuple[_Node, int]]) -> tuple[str, str | None] | None:
@@ -348,7 +412,7 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     renamed: dict[str, str] = {}
     consumers = _consumers(nodes)
     for tensor in tensors:
-        recovered = _recovered(tensor, consumers.get(tensor.name, []))
+        recovered = _recovered(tensor, _uses(tensor.name, consumers))
         if _TORCH_NAME.fullmatch(tensor.name):
             name, op = tensor.name, None
         elif recovered is not None:

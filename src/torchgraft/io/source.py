@@ -89,9 +89,14 @@ class ByteSource:
         """Return ``nbytes`` from ``offset`` as a 1-D uint8 tensor (range already checked)."""
         raise NotImplementedError
 
-    def array(self, offset: int, nbytes: int, dtype: torch.dtype, *,
-              what: str = "data") -> torch.Tensor:
-        """Return the bytes at ``offset`` as a flat tensor of ``dtype``.
+    def _mapped(self, offset: int, nbytes: int, dtype: torch.dtype,
+                shape: tuple[int, ...]) -> torch.Tensor | None:
+        """The bytes as a contiguous tensor in one step, where the source maps them aligned."""
+        return None
+
+    def array(self, offset: int, nbytes: int, dtype: torch.dtype, *, what: str = "data",
+              shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Return the bytes at ``offset`` as a tensor of ``dtype``, flat or of ``shape``.
 
         Memory-mapped where the offset is aligned to the element size, else copied.
 
@@ -100,9 +105,10 @@ class ByteSource:
             nbytes: Number of bytes, a multiple of the element size.
             dtype: Element type.
             what: What is stored there, for error messages.
+            shape: The tensor's shape (``nbytes`` of ``dtype``), if not flat.
 
         Returns:
-            A 1-D CPU tensor.
+            A contiguous CPU tensor.
         """
         self.check_range(offset, nbytes, what=what)
         itemsize = dtype.itemsize
@@ -110,12 +116,16 @@ class ByteSource:
             raise CorruptCheckpointError(
                 f"{what} holds {nbytes} bytes, not a whole number of {dtype} elements",
                 path=self.name)
+        shape = (nbytes // itemsize,) if shape is None else shape
         if not nbytes:
-            return torch.empty(0, dtype=dtype, device="cpu")  # no bytes to map
+            return torch.empty(shape, dtype=dtype, device="cpu")  # no bytes to map
+        mapped = self._mapped(offset, nbytes, dtype, shape)
+        if mapped is not None:
+            return mapped
         raw = self._raw(offset, nbytes)
         if raw.data_ptr() % itemsize:  # misaligned in memory: copied, never viewed
             raw = raw.clone()
-        return raw.view(dtype)
+        return raw.view(dtype).view(shape)
 
 
 #: Bytes read by one system call at most.
@@ -229,18 +239,30 @@ class FileSource(ByteSource):
         by_descriptor = f"/proc/self/fd/{self.fd}"
         return by_descriptor if os.path.exists(by_descriptor) else str(self.path)
 
-    def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
+    def _slice(self, offset: int, nbytes: int) -> torch.UntypedStorage:
+        """A storage of its own viewing these bytes of the private mapping.
+
+        As torch.load(mmap=True) gives each storage: a tensor saved later (torch.save,
+        safetensors) holds its bytes, not the file.
+        """
         storage = self._storage
         if storage is None:
             if os.fstat(self.fd).st_size < self.size:
                 raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
                 self.held_name(), shared=False, nbytes=self.size))
-        # A storage of its own viewing these bytes, as torch.load(mmap=True) gives each
-        # storage: a tensor saved later (torch.save, safetensors) holds its bytes, not the file.
+        return cast(torch.UntypedStorage, storage[offset:offset + nbytes])
+
+    def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
-        raw.set_(storage[offset:offset + nbytes], 0, (nbytes,), (1,))
-        return raw
+        return raw.set_(self._slice(offset, nbytes), 0, (nbytes,), (1,))
+
+    def _mapped(self, offset: int, nbytes: int, dtype: torch.dtype,
+                shape: tuple[int, ...]) -> torch.Tensor | None:
+        if offset % dtype.itemsize:  # the mapping starts on a page: this is the alignment
+            return None
+        out = torch.empty(0, dtype=dtype, device="cpu")
+        return out.set_(self._slice(offset, nbytes), 0, shape, ())  # () strides: contiguous
 
     def close(self) -> None:
         """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
@@ -322,7 +344,7 @@ def plain_ref(source: FileSource, offset: int, meta: TensorMeta, *, what: str) -
         The reference.
     """
     def read() -> torch.Tensor:
-        return source.array(offset, meta.nbytes, meta.dtype, what=what).view(meta.shape)
+        return source.array(offset, meta.nbytes, meta.dtype, what=what, shape=meta.shape)
 
     def read_into(out: torch.Tensor) -> None:
         source.read_into(offset, out, what=what)

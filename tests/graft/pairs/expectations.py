@@ -9,37 +9,12 @@ from __future__ import annotations
 
 #: Why a pair fails today: what the engine lacks.
 GAPS = {
-    "transformers GPT-NeoX -> GPT-NeoX-style GPT":
-        "engine: from the module (ordered by use), GPT-NeoX's parallel-residual norms are "
-        "aligned across blocks; verification catches it (DIVERGED)",
-    "GPT-NeoX-style GPT -> transformers GPT-NeoX":
-        "engine: from the module (ordered by use), the blocks' norms stay ambiguous",
-    "transformers Llama -> torchtune Llama":
-        "engine: torchtune's names (attn.q_proj, output_proj, sa_norm/mlp_norm .scale, "
-        "mlp.w1/w2/w3) are no known family, so the rotary order of q/k is a guess "
-        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
-    "torchtune Llama -> transformers Llama":
-        "engine: torchtune's names are no known family, so the rotary order of q/k is a guess "
-        "(UNVERIFIED) where the families would decide it; sorted files ambiguous",
     "timm ResNet -> transformers ResNet":
         "engine: from the sorted file, same-shape siblings (conv1/conv2/downsample.0, "
         "bn1/bn2/downsample.1) are aligned in lexical order: a false ok",
-    "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
-        "engine: a block's _bn0/_bn1 (same shape; digits glued to the name) are guesses "
-        "(UNVERIFIED): their numbers, and the convolution before each, would tell",
-    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
-        "engine: expand_bn/depthwise_norm into a block's _bn0/_bn1 (same shape) are left "
-        "ambiguous (INCOMPLETE): the convolution before each (expand_conv, depthwise_conv) "
-        "would tell",
     "timm ViT -> transformers ViT":
         "engine: norm1/norm2 vs layernorm_before/layernorm_after not aligned by role; sorted: "
         "the parts of timm's fused qkv ambiguous with attn.proj",
-    "openai-whisper -> transformers Whisper":
-        "engine: from the sorted file, encoder and decoder blocks (same shapes) are ordered by "
-        "letters only, so they stay ambiguous",
-    "transformers Whisper -> openai-whisper":
-        "engine: from sorted files, encoder and decoder blocks (same shapes) are ordered by "
-        "letters only, so they stay ambiguous",
 }
 
 #: Why a broken twin is reported ok today: by twin, or by ``twin/flavour``.
@@ -60,30 +35,22 @@ TWIN_GAPS = {
 }
 
 _FAILING: dict[str, tuple[str, ...]] = {
-    "transformers GPT-NeoX -> GPT-NeoX-style GPT":
-        ("module",),
-    "GPT-NeoX-style GPT -> transformers GPT-NeoX":
-        ("module",),
-    "transformers Llama -> torchtune Llama":
-        ("pt", "safetensors"),
-    "torchtune Llama -> transformers Llama":
-        ("pt", "safetensors"),
-    "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
-        ("pt", "safetensors"),
-    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
-        ("pt", "safetensors"),
     "open_clip CLIP (OpenAI layout) -> transformers CLIP":
         ("heads/pt", "norms/pt"),
     "transformers CLIP -> open_clip CLIP (OpenAI layout)":
         ("heads/pt", "norms/pt"),
     "openai-whisper -> transformers Whisper":
-        ("safetensors", "heads/pt", "norms/pt"),
+        ("heads/pt", "norms/pt"),
     "transformers Whisper -> openai-whisper":
-        ("safetensors", "pretrained", "heads/pt", "norms/pt"),
+        ("heads/pt", "norms/pt"),
     "transformers GPT-2 -> nanoGPT":
         ("heads/pt", "norms/pt"),
     "nanoGPT -> transformers GPT-2":
         ("heads/pt", "norms/pt"),
+    "efficientnet_pytorch EfficientNet -> transformers EfficientNet":
+        ("norms/pt",),
+    "transformers EfficientNet -> efficientnet_pytorch EfficientNet":
+        ("norms/pt",),
     "timm ResNet -> transformers ResNet":
         ("norms/pt",),
     "transformers ResNet -> timm ResNet":
@@ -117,5 +84,6 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ROTARY_HEADS
     for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama",
-                 "transformers Llama -> gpt-fast Llama", "gpt-fast Llama -> transformers Llama")
+                 "transformers Llama -> gpt-fast Llama", "gpt-fast Llama -> transformers Llama",
+                 "transformers Llama -> torchtune Llama", "torchtune Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}
