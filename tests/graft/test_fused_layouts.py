@@ -232,3 +232,83 @@ def test_an_unnamed_square_bare_projection_is_a_guess_never_ok(tmp_path: Path) -
     report = tg.graft(source, from_module, example_inputs=(X,))
     assert report.verdict is not Verdict.OK
     assert not torch.allclose(_run(from_module), _run(source), atol=1e-4)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+            kv_heads: int) -> torch.Tensor:
+    b, t, _ = q.shape
+    q, k, v = (z.view(b, t, n, -1).transpose(1, 2) for z, n in ((q, heads), (k, kv_heads),
+                                                                 (v, kv_heads)))
+    k, v = (z.repeat_interleave(heads // kv_heads, dim=1) for z in (k, v))
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, -1)
+
+
+class GroupedFused(nn.Module):
+    """Falcon's fused ``query_key_value`` with grouped-query attention: stored key/value group
+    by group, ``[kv_heads, (q heads of the group, k, v), head_dim]``."""
+
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = heads, kv_heads, DIM // heads
+        self.query_key_value = nn.Linear(DIM, (heads + 2 * kv_heads) * self.head_dim)
+        self.dense = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        per_group = self.num_heads // self.num_kv_heads
+        fused = self.query_key_value(x).view(b, t, self.num_kv_heads, per_group + 2, -1)
+        q, k, v = (part.reshape(b, t, -1) for part in fused.split([per_group, 1, 1], dim=3))
+        return self.dense(_attend(q, k, v, self.num_heads, self.num_kv_heads))
+
+
+class GroupedSplit(nn.Module):
+    def __init__(self, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_key_value_heads = heads, kv_heads
+        self.head_dim = DIM // heads
+        self.q_proj = nn.Linear(DIM, DIM)
+        self.k_proj, self.v_proj = (nn.Linear(DIM, kv_heads * self.head_dim) for _ in "kv")
+        self.o_proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.o_proj(_attend(q, k, v, self.num_heads, self.num_key_value_heads))
+
+
+def _wrapped(attention: nn.Module) -> nn.Module:
+    model = nn.Sequential()
+    model.add_module("attention", attention)
+    return model.eval()
+
+
+XB = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(8))
+
+
+def _run_b(model: nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model(XB)
+
+
+@pytest.mark.parametrize("way", ["split", "fuse"])
+def test_fused_qkv_stored_by_key_value_group(way: str, tmp_path: Path) -> None:
+    torch.manual_seed(9)
+    fused, split = _wrapped(GroupedFused(4, 2)), _wrapped(GroupedSplit(4, 2))
+    source, target = (fused, split) if way == "split" else (split, fused)
+    report = tg.graft(source, target)  # the module says its head counts
+    assert report.verdict is Verdict.OK, str(report)
+    assert torch.allclose(_run_b(target), _run_b(source), atol=1e-6)
+    torch.save(source.state_dict(), tmp_path / "model.pt")
+    target = _wrapped((GroupedSplit if way == "split" else GroupedFused)(4, 2))
+    report = tg.graft(tmp_path / "model.pt", target)  # the model's head counts: a guess
+    assert report.verdict is Verdict.UNVERIFIED, str(report)
+    assert torch.allclose(_run_b(target), _run_b(source), atol=1e-6)
+
+
+def test_fused_qkv_by_key_value_group_twin_with_other_heads_is_never_ok(tmp_path: Path) -> None:
+    torch.manual_seed(10)
+    source = _wrapped(GroupedFused(4, 2))  # groups of 16 + 8 + 8 rows
+    torch.save(source.state_dict(), tmp_path / "model.pt")
+    for given in (source, tmp_path / "model.pt"):
+        twin = _wrapped(GroupedSplit(2, 1))  # the same shapes, one group of 32 + 16 + 16
+        assert tg.graft(given, twin).verdict is not Verdict.OK
+        assert not torch.allclose(_run_b(twin), _run_b(source), atol=1e-4)

@@ -170,11 +170,32 @@ def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
         [refs[name]] = lazy(op, [refs[p] for p in parts])
         return [Virtual(name, parts, why, op=op)]
     head_dim, doubt = head
-    if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
-        return []  # a per-head layout with no head size, or unequal parts: not fused
-    op = Interleave((head_dim,) * len(group))
+    sizes = _group_sizes(tuple(i.shape[0] for i in group), head_dim)
+    if head_dim is None or sizes is None:
+        return []  # a per-head layout with no head size, or parts not of whole groups
+    op = Interleave(sizes)
     [refs[name]] = lazy(op, [refs[p] for p in parts])
-    return [Virtual(name, parts, f"{why}, head by head (head size {head_dim})", doubt, op)]
+    return [Virtual(name, parts, f"{why}, {_grouped(sizes, head_dim)}", doubt, op)]
+
+
+def _group_sizes(rows: tuple[int, ...], head_dim: int | None) -> tuple[int, ...] | None:
+    """The rows of each part in one group of a layout stored group by group.
+
+    ``[kv groups, (q heads of the group, k, v), head_dim]``: GPT-NeoX's ``query_key_value``
+    has one q head per group; with grouped-query attention a group holds several.
+    """
+    if head_dim is None:
+        return None
+    groups, left = divmod(rows[-1], head_dim)
+    if left or groups < 1 or any(r % groups for r in rows):
+        return None
+    return tuple(r // groups for r in rows)
+
+
+def _grouped(sizes: tuple[int, ...], head_dim: int) -> str:
+    if len(set(sizes)) == 1:
+        return f"head by head (head size {head_dim})"
+    return f"key/value group by group ({'+'.join(map(str, sizes))} rows, head size {head_dim})"
 
 
 def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
@@ -187,13 +208,13 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
             continue
         if any(i.kind not in (None, "linear") or not i.shape for i in tensors.values()):
             continue
-        if _leaf_module(path) in fusion.per_head:
-            found += _split_per_head(refs, tensors, count, head)
-            continue
         rows = {i.shape[0] for i in tensors.values()}
         sizes, doubt = _block_sizes(src, model_sizes, fusion, path, rows.pop()) \
             if len(rows) == 1 else (None, None)
         if sizes is None:
+            continue
+        if _leaf_module(path) in fusion.per_head:
+            found += _split_per_head(refs, tensors, sizes, head, doubt)
             continue
         op = Split(0, sizes=sizes)
         starts = [sum(sizes[:k]) for k in range(count + 1)]
@@ -241,20 +262,26 @@ def _part_rows(dst: Side, fusion: Fusion) -> set[tuple[int, ...]]:
             if len(rows) == len(fusion.parts)}
 
 
-def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], count: int,
-                    head: tuple[int | None, str | None]) -> list[Virtual]:
-    """The parts of a fused tensor stored head by head; none when the head size is unknown."""
-    head_dim, doubt = head
-    if head_dim is None or any(i.shape[0] % (count * head_dim) for i in tensors.values()):
+def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo],
+                    rows: tuple[int, ...], head: tuple[int | None, str | None],
+                    doubt: str | None) -> list[Virtual]:
+    """The parts of a fused tensor stored head by head (or key/value group by group).
+
+    ``rows``: the rows of each part in all; none when the head size is unknown.
+    """
+    head_dim, head_doubt = head
+    sizes = _group_sizes(rows, head_dim)
+    if head_dim is None or sizes is None:
         return []
     found = []
-    op = Deinterleave((head_dim,) * count)
+    op = Deinterleave(sizes)
     for leaf, info in tensors.items():
         for k, ref in enumerate(lazy(op, [refs[info.name]])):
             name = f"{info.module}[{k}].{leaf}"
             refs[name] = ref
-            found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k} of each "
-                                                     f"head, head size {head_dim})", doubt, op, k))
+            found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k}, "
+                                                     f"{_grouped(sizes, head_dim)})",
+                                 head_doubt or doubt, op, k))
     return found
 
 

@@ -41,11 +41,12 @@ def head_counts_of(module: object) -> tuple[int, int] | None:
     Returns:
         The counts, or ``None`` when it states none.
     """
-    for heads, kv_heads in HEAD_COUNT_ATTRIBUTES:
-        count = _count(getattr(module, heads, None))
-        if count is not None:
-            return count, _count(getattr(module, kv_heads, None)) or count
-    return None
+    found = [(_count(getattr(module, heads, None)), _count(getattr(module, kv_heads, None)))
+             for heads, kv_heads in HEAD_COUNT_ATTRIBUTES]
+    both = [(count, kv) for count, kv in found if count is not None and kv is not None]
+    if both:
+        return both[0]
+    return next(((count, count) for count, _kv in found if count is not None), None)
 
 
 def stated_head_dims(extras: dict[str, Any]) -> dict[str, int]:
