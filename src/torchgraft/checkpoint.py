@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -58,8 +59,11 @@ class Checkpoint:
         self.model_class = selection.model_class
         self.weight_sets = selection.weight_sets
         self.extras = selection.extras
-        self._all = all_tensors(contents.root)
-        self.skipped_calls = skipped_calls(contents.root)
+
+    @functools.cached_property
+    def skipped_calls(self) -> list[str]:
+        """Globals the file's pickle called that were recorded, not run (found when asked)."""
+        return skipped_calls(self._contents.root)
 
     def keys(self) -> list[str]:
         """Return the names of the model weights, in stored order."""
@@ -126,7 +130,7 @@ class Checkpoint:
     @property
     def saved_devices(self) -> set[str]:
         """Where the checkpoint's tensors lived when saved, e.g. ``{"cuda:1"}``."""
-        return {ref.meta.device for ref in self._all}
+        return {ref.meta.device for ref in all_tensors(self._contents.root)}
 
     @property
     def wrappers(self) -> list[Wrapper]:
@@ -175,26 +179,34 @@ class Checkpoint:
 
 
 def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
-    """The same lazy tensor, its reads turning any failure into an error naming file and key."""
+    """The same lazy tensor, its reads turning any failure into an error naming file and key.
 
-    def read() -> torch.Tensor:
-        try:  # no context managers on the way in: 100k tensors read at a few us each
-            return ref.read()
-        except Exception as exc:
-            _named(exc, name, path)
+    Partials of module functions, not closures: a checkpoint of 100k tensors makes 100k of
+    them on opening.
+    """
+    return TensorRef(ref.meta, functools.partial(_read, ref, name, path),
+                     functools.partial(_read_into, ref, name, path), alias_key=ref.alias_key,
+                     span=ref.span, read_box=functools.partial(_read_box, ref, name, path))
 
-    def read_into(out: torch.Tensor) -> None:
-        try:
-            ref.read_into(out)
-        except Exception as exc:
-            _named(exc, name, path)
 
-    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
-        with reading(path), _naming(name):
-            ref.read_box(start, out)
+def _read(ref: TensorRef, name: str, path: Path) -> torch.Tensor:
+    try:  # no context managers on the way in: 100k tensors read at a few us each
+        return ref.read()
+    except Exception as exc:
+        _named(exc, name, path)
 
-    return TensorRef(ref.meta, read, read_into, alias_key=ref.alias_key, span=ref.span,
-                     read_box=read_box)
+
+def _read_into(ref: TensorRef, name: str, path: Path, out: torch.Tensor) -> None:
+    try:
+        ref.read_into(out)
+    except Exception as exc:
+        _named(exc, name, path)
+
+
+def _read_box(ref: TensorRef, name: str, path: Path, start: tuple[int, ...],
+              out: torch.Tensor) -> None:
+    with reading(path), _naming(name):
+        ref.read_box(start, out)
 
 
 def _named(exc: Exception, name: str, path: Path) -> NoReturn:

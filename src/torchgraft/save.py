@@ -18,6 +18,8 @@ from torch import nn
 from .atomic import alive, atomic_dir, atomic_path, clean_stale
 from .errors import CheckpointWriteError, TorchgraftError
 from .graft.experts import per_expert
+from .graft.layout_of import LayoutOf, in_layout_of
+from .graft.rules import RulesSpec
 from .graft.source import open_source
 from .io import Format, WriteJob, formats
 from .meta import parse_dtype
@@ -280,7 +282,9 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
          dtype: torch.dtype | str | None = None, overwrite: bool = False,
          metadata: Mapping[str, str] | None = None,
          max_shard_size: int | str | None = None, experts: str | None = None,
-         progress: Callable[[int, int], None] | None = None) -> list[Path]:
+         progress: Callable[[int, int], None] | None = None,
+         layout_of: LayoutOf | None = None, rules: RulesSpec = None,
+         allow_incomplete: bool = False) -> list[Path]:
     """Save a model's or a state dict's weights so that they load anywhere.
 
     Every write is atomic (a temporary file beside the destination, fsynced, renamed), so a
@@ -305,16 +309,34 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
             (``experts.3.gate_proj.weight``...) or ``"mixtral"`` (``block_sparse_moe.experts.3.
             w1.weight``...); by default they are written as the model holds them.
         progress: Called with (tensors written, total).
+        layout_of: Write a model's weights in this checkpoint's names, layouts and dtypes
+            (a path, a state dict, a module, or the report or plan of a graft from it): the
+            graft from it into the model, run backwards (transposes, rotary rows, fused and
+            split projections, rules' operations undone). Nothing of it is read but its
+            metadata.
+        rules: With ``layout_of``: the rules a graft from that checkpoint into the model
+            needs.
+        allow_incomplete: With ``layout_of``: write what fits when the model does not fit
+            the layout (keys of the layout the model cannot produce, or the other way round)
+            or a pairing is a guess, logging what is left out, instead of raising.
 
     Returns:
         The paths written.
 
     Raises:
-        TorchgraftError: If the destination exists, or an option does not fit the format.
+        TorchgraftError: If the destination exists, or an option does not fit the format;
+            with ``layout_of``, if the model does not fit the layout (another configuration),
+            naming the keys.
     """
     if not isinstance(obj, (nn.Module, Mapping)):
         raise TorchgraftError(f"cannot save a {type(obj).__name__}: pass an nn.Module or a "
                               "state dict")
+    if layout_of is not None:
+        if not isinstance(obj, nn.Module) or experts is not None:
+            raise TorchgraftError("layout_of= writes a model (an nn.Module) in a checkpoint's "
+                                  "layout, experts as that checkpoint stores them: pass the "
+                                  "model, without experts=")
+        obj = in_layout_of(obj, layout_of, rules=rules, allow_incomplete=allow_incomplete)
     source = open_source(obj)
     kinds = {name: info.kind for name, info in source.side.tensors.items()} \
         if source.module is not None else {}

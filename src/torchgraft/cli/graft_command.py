@@ -48,7 +48,8 @@ def _label_map(text: str | None) -> LabelMap | None:
               help="Where to save the grafted weights; the suffix picks the format "
                    "(.safetensors, .pt/.pth/.bin, .pdparams, .npz; none: a DCP folder).")
 @click.option("--rules", type=click.Path(path_type=Path), default=None,
-              help="JSON/YAML file of [pattern, replacement] rules (null drops a key).")
+              help="JSON/YAML file of [pattern, replacement] rules (null drops a key) and "
+                   "operations ({op: concatenate|split|rotary|transpose|..., from, to}).")
 @click.option("--match", type=click.Choice(["auto", "name", "structure"]), default="auto")
 @click.option("--init", type=click.Choice(["keep", "normal", "zeros"]), default="keep",
               help="How new rows of adapted tensors are filled.")
@@ -78,6 +79,11 @@ def _label_map(text: str | None) -> LabelMap | None:
                    "SOURCE and compare outputs with.")
 @click.option("--source-model-kwargs", default=None, metavar="JSON",
               help="Keyword arguments for --source-model.")
+@click.option("--layout-of", "layout_of", type=click.Path(path_type=Path), default=None,
+              help="Save --out in this checkpoint's names, layouts and dtypes (its metadata is "
+                   "read, not its weights): the graft from it into the model, run backwards.")
+@click.option("--layout-rules", type=click.Path(path_type=Path), default=None,
+              help="Rules file for the graft from --layout-of into the model (as --rules).")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as a page: both module trees, linked and coloured.")
 @click.option("--details", is_flag=True, help="List every renamed key (default: a summary).")
@@ -89,7 +95,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   overwrite: bool, unsafe: bool, weights_key: str | None,
                   component: str | None, follow_links: bool, verify: bool | None,
                   inputs_path: Path | None, source_spec: str | None,
-                  source_model_kwargs: str | None, html_path: Path | None,
+                  source_model_kwargs: str | None, layout_of: Path | None,
+                  layout_rules: Path | None, html_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model and save the result.
 
@@ -98,7 +105,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ).
     A graft that is not ok (incomplete, unverified or diverged) saves nothing unless
     --allow-incomplete: settle an unverified one with --verify (and --inputs or
-    --source-model) first.
+    --source-model) first. With --layout-of, a model that does not fit that checkpoint's
+    layout is bad input (exit 2) unless --allow-incomplete.
     """
     from ..graft import GraftError, graft
     from ..graft.inputs import read_inputs
@@ -135,7 +143,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                       f"{settle}--allow-incomplete saves it anyway")
         if failed is None:
             bar.update(task, description="saving", completed=0, total=None)
-            save(model, out, overwrite=overwrite,
+            save(model, out, overwrite=overwrite, layout_of=layout_of, rules=layout_rules,
+                 allow_incomplete=allow_incomplete,
                  progress=lambda done, total: bar.update(task, completed=done, total=total))
     if html_path is not None:
         report.to_html(html_path)

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import torch
@@ -15,27 +16,20 @@ from ..checkpoint import Checkpoint
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from .adapt import Init, LabelMap
-from .adapters import (
-    adapter_keys,
-    modules_to_save_layout,
-    refuse_plain_target,
-    scope_to_adapter,
-)
+from .adapters import adapter_keys, refuse_plain_target, scope_to_adapter
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
-from .experts import add_experts, expert_layouts, explain
-from .fusion import add_virtual
 from .html import describe
 from .inputs import Inputs
-from .layouts import layouts_for
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
-from .plan import Match, build_plan
+from .plan import Match, Plan
+from .planned import plan_graft
 from .quantized_target import graft_quantized
 from .reference import Want, reference_for
 from .report import GraftError, GraftReport
-from .rules import RulesSpec, parse_rules
+from .rules import RulesSpec
 from .settle import verify_graft
-from .sides import module_side, quantized_modules, state_tensors, unwrap
+from .sides import Side, module_side, quantized_modules, state_tensors, unwrap
 from .source import GraftSource, SourceLike, open_source
 from .source_model import SourceModelLike
 
@@ -81,7 +75,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         model: The target, possibly wrapped in DataParallel, DistributedDataParallel or
             torch.compile, possibly built on the meta device; filled in place.
         rules: ``(regex, replacement)`` pairs applied to source keys first (``None`` drops the
-            key), a mapping of them, or a JSON/YAML file of either.
+            key), a mapping of them, or a JSON/YAML file of either; the list may also hold
+            operations (``{"op": "concatenate", "from": [...], "to": ...}``: concatenate,
+            split, rotary rows, transpose...; :mod:`~torchgraft.graft.op_rules`), which run
+            before the renames.
         match: ``"auto"``, ``"name"`` (no structural matching) or ``"structure"`` (only).
         adapt: Adapt rows and input channels; ``False`` copies exact shapes only.
         init: New rows and re-initialised heads: ``"keep"`` the model's own values,
@@ -129,12 +126,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         GraftError: With ``strict=True``, if the report is not clean.
         TorchgraftError: If the source cannot be read or an option is invalid.
     """
-    if match not in get_args(Match):
-        raise TorchgraftError(f"match={match!r}: use 'auto', 'name' or 'structure'")
-    if init not in get_args(Init):
-        raise TorchgraftError(f"init={init!r}: use 'keep', 'normal' or 'zeros'")
-    if verify not in (True, False, "auto"):
-        raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
+    _check_options(match, init, verify)
     source, model, swapped = _in_order(source, model)
     roles = example_inputs if isinstance(example_inputs, Inputs) else None
     if roles is not None:  # bound to each model's forward when outputs are compared
@@ -142,16 +134,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
     state = state_tensors(target)  # one walk of a large model's state dict, shared below
+    opening: dict[str, Any] = {"unsafe": unsafe, "weights_key": weights_key, "component": component,
+               "follow_links": follow_links}
     if quantized_modules(target, state):
-        return _into_quantized(open_source(source, unsafe=unsafe, weights_key=weights_key,
-                                           component=component, follow_links=follow_links),
-                               target, strict=strict)
+        return _into_quantized(open_source(source, **opening), target, strict=strict)
     on_meta = has_meta(target)
-    warnings = [swapped] if swapped else []
-    if on_meta and init == "keep":
-        init = "normal"
-        warnings.append("the model is on the meta device, so it has no values of its own to "
-                        "keep: new rows and re-initialised heads use init='normal'")
+    init, warnings = _init_for(on_meta, init, [swapped] if swapped else [])
     sharded = sharded_targets(target, state)
     if sharded and verify is True:
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
@@ -160,56 +148,18 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     modules = list(target.named_modules())  # one walk, shared: 100k modules take a while
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
                               tensors=state, modules=modules)
-    opened = open_source(source, example_inputs=source_inputs, unsafe=unsafe,
-                         weights_key=weights_key, component=component,
-                         follow_links=follow_links)
-    assigned: set[str] = set()
+    opened = open_source(source, example_inputs=source_inputs, **opening)
     try:
         scope = _adapter_scope(opened, target, target_side.tensors)
-        source_side, virtual = add_virtual(opened.side, opened.refs, target_side)
-        experts = add_experts(source_side, opened.refs, target_side)
-        source_side = experts.side
-        derived = {v.name: v.why for v in virtual} | {
-            name: why for name, (_parts, why) in experts.virtual.items()}
-        saved_copies = modules_to_save_layout(list(target_side.tensors)) if scope else None
-        try:
-            plan = build_plan(source_side, target_side, rules=parse_rules(rules),
-                              layouts=layouts_for(source_side, target_side)
-                              + expert_layouts(source_side, target_side)
-                              + ([saved_copies] if saved_copies else []), match=match,
-                              adapt=adapt, init=init, label_map=label_map, derived=derived,
-                              doubts={v.name: v.doubt for v in virtual if v.doubt})
-        except ValueError as exc:
-            raise TorchgraftError(str(exc)) from None
-        explain(plan, experts)
+        planned = plan_graft(opened, target_side, rules=rules, scoped=scope is not None,
+                             match=match, adapt=adapt, init=init, label_map=label_map)
+        plan = planned.plan
         plan.warnings[:0] = warnings
-        if on_meta:
-            where = torch.device(device) if device is not None else default_device(
-                target, modules=modules)
-            zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
-                k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
-            as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
-                         if not s.ops and not s.cast and where.type == "cpu"}
-            filled = [s.target for s in plan.steps]
-            assigned = materialise(target, [k for k in filled if k not in sharded], where,
-                                   zeroed=[k for k in zeroed if k not in sharded],
-                                   values=as_stored, state=state, modules=modules)
-            if sharded:
-                materialise_sharded(target, sharded, [*filled, *zeroed],
-                                    where if device is not None else None)
-        if sharded:
-            fill_sharded(plan, opened.refs, sharded)
-            state = state_tensors(target)  # materialise updated ``state``; DTensors anew
-        execute_plan(plan, opened.refs, state, progress=progress,
-                     assigned=assigned | set(sharded))
+        _fill(plan, opened, target, state, sharded,
+              _Filling(on_meta, device, progress, modules))
     finally:
         opened.close()
-    report = GraftReport.from_plan(plan, targets=target_side.tensors,
-                                   sources=source_side.tensors)
-    report.shapes = {**{k: describe(i) for k, i in target_side.tensors.items()},
-                     **{f"checkpoint:{k}": describe(i) for k, i in source_side.tensors.items()}}
-    if scope is not None:
-        scope_to_adapter(report, scope)
+    report = _report(plan, target_side, planned.source, scope)
     for key in still_on_meta(target, modules=modules) if on_meta else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
@@ -217,25 +167,109 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     if not sharded and (verify is True or (verify == "auto" and _plain_copy(report))):
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
-                        for info in source_side.tensors.values()))
-
-        def fill(module: nn.Module) -> GraftReport:
-            return graft(source, module, verify=False, unsafe=unsafe, weights_key=weights_key,
-                         component=component, follow_links=follow_links)
-
-        reference = reference_for(source, opened.module, target, want, fill, report.warnings)
-        if reference is not None:
-            try:
-                verify_graft(report, plan, target, reference)
-            except TorchgraftError as exc:
-                if verify is True or not reference.generated:
-                    raise
-                report.warnings.append(f"outputs were not compared on inputs generated from "
-                                       f"{reference.origin}: {exc}")
-    logger.debug("%s", str(report).splitlines()[0])
+                        for info in planned.source.tensors.values()))
+        _verify(report, plan, (source, opened.module, target), want, opening)
+    if logger.isEnabledFor(logging.DEBUG):  # the report's text lists every key
+        logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+def _check_options(match: Any, init: Any, verify: Any) -> None:
+    """Refuse option values that are not among the allowed ones."""
+    if match not in get_args(Match):
+        raise TorchgraftError(f"match={match!r}: use 'auto', 'name' or 'structure'")
+    if init not in get_args(Init):
+        raise TorchgraftError(f"init={init!r}: use 'keep', 'normal' or 'zeros'")
+    if verify not in (True, False, "auto"):
+        raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
+
+
+def _init_for(on_meta: bool, init: Init, warnings: list[str]) -> tuple[Init, list[str]]:
+    """A meta model has no values to keep: new rows use ``"normal"``, with a warning."""
+    if on_meta and init == "keep":
+        warnings.append("the model is on the meta device, so it has no values of its own to "
+                        "keep: new rows and re-initialised heads use init='normal'")
+        return "normal", warnings
+    return init, warnings
+
+
+@dataclass(frozen=True)
+class _Filling:
+    """How the target is filled: on the meta device or not, where, with what progress.
+
+    ``modules`` is the target's ``named_modules()``, walked once and shared.
+    """
+
+    on_meta: bool
+    device: str | torch.device | None
+    progress: Callable[[int, int], None] | None
+    modules: list[tuple[str, nn.Module]]
+
+
+def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, torch.Tensor],
+          sharded: dict[str, Any], filling: _Filling) -> None:
+    """Give a meta model storage, fill sharded tensors, then run the plan."""
+    assigned: set[str] = set()
+    if filling.on_meta:
+        assigned = _materialise(plan, opened, target, state, sharded, filling)
+    if sharded:
+        fill_sharded(plan, opened.refs, sharded)
+        state = state_tensors(target)  # materialise updated ``state``; DTensors anew
+    execute_plan(plan, opened.refs, state, progress=filling.progress,
+                 assigned=assigned | set(sharded))
+
+
+def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
+                 state: dict[str, torch.Tensor], sharded: dict[str, Any],
+                 filling: _Filling) -> set[str]:
+    """Storage for a meta model's filled tensors, read straight into it where stored as is."""
+    device = filling.device
+    where = torch.device(device) if device is not None else default_device(
+        target, modules=filling.modules)
+    zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
+        k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
+    as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
+                 if not s.ops and not s.cast} if where.type == "cpu" else {}
+    filled = [s.target for s in plan.steps]
+    assigned = materialise(target, [k for k in filled if k not in sharded], where,
+                           zeroed=[k for k in zeroed if k not in sharded],
+                           values=as_stored, state=state, modules=filling.modules)
+    if sharded:
+        materialise_sharded(target, sharded, [*filled, *zeroed],
+                            where if device is not None else None)
+    return assigned
+
+
+def _report(plan: Plan, target: Side, source: Side, scope: set[str] | None) -> GraftReport:
+    """The report of an executed plan, with every key's shape."""
+    report = GraftReport.from_plan(plan, targets=target.tensors, sources=source.tensors)
+    report.shapes = {**{k: describe(i) for k, i in target.tensors.items()},
+                     **{f"checkpoint:{k}": describe(i) for k, i in source.tensors.items()}}
+    if scope is not None:
+        scope_to_adapter(report, scope)
+    return report
+
+
+def _verify(report: GraftReport, plan: Plan, sides: tuple[Any, nn.Module | None, nn.Module],
+            want: Want, opening: dict[str, Any]) -> None:
+    """Compare outputs with the source's, where there is something to compare with."""
+    source, source_module, target = sides
+
+    def fill(module: nn.Module) -> GraftReport:
+        return graft(source, module, verify=False, **opening)
+
+    reference = reference_for(source, source_module, target, want, fill, report.warnings)
+    if reference is None:
+        return
+    try:
+        verify_graft(report, plan, target, reference)
+    except TorchgraftError as exc:
+        if want.verify is True or not reference.generated:
+            raise
+        report.warnings.append(f"outputs were not compared on inputs generated from "
+                               f"{reference.origin}: {exc}")
 
 
 def _adapter_scope(opened: GraftSource, target: nn.Module,
@@ -302,7 +336,7 @@ def _meta_inputs(inputs: Any) -> Any:
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
-                                       "unstacked")) for text in
+                                       "unstacked", "by rule")) for text in
                       report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 

@@ -82,6 +82,7 @@ CONTEXTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("encoder", re.compile(r"(?:^|\.)encoder(?:\.|$)")),
     ("decoder", re.compile(r"(?:^|\.)decoder(?:\.|$)")),
     ("vision", re.compile(r"(?:^|\.)(?:vision_model|visual|vision_tower|vision_encoder)(?:\.|$)")),
+    ("text", re.compile(r"(?:^|\.)(?:text_model|text_encoder|text_tower)(?:\.|$)")),
     ("cross", re.compile(r"(?:^|[._])(?:cross_attn|encoder_attn|crossattention|cross_attention)"
                          r"(?:[._]|$)")),
     ("shortcut", re.compile(r"(?:^|\.)(?:shortcut|downsample|skip|skip_connection|"

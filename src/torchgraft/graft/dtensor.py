@@ -62,6 +62,9 @@ SLICE_AWARE: dict[type[Any], Callable[[Block], Block]] = {Transpose: _transposed
                                                          Derived: _same}
 
 
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
 def sharded_targets(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, DTensor]:
     """The model's DTensor tensors; refuse what no graft can fill.
 
@@ -76,7 +79,8 @@ def sharded_targets(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[st
         UnsupportedModelError: If a tensor is another tensor subclass, or a DTensor is placed
             in a way that has no block of the whole tensor per rank (``Partial``).
     """
-    subclassed = {k: t for k, t in state.items() if type(t.detach()) is not torch.Tensor}
+    subclassed = {k: t for k, t in state.items()  # the type first: detach() costs a tensor
+                  if type(t) not in _PLAIN and type(t.detach()) is not torch.Tensor}
     if not subclassed:
         return {}
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -253,44 +257,70 @@ def fill_sharded(plan: Plan, refs: dict[str, TensorRef], sharded: dict[str, DTen
         TorchgraftError: On every rank, if the ranks' plans differ or any rank failed to fill
             its shards (the failing rank raises its own error, the others name it).
     """
-    import torch.distributed as dist
+    _same_plans(plan)
+    failure: BaseException | None = None
+    plain = [s for s in plan.steps if s.target in sharded and not s.ops]
+    with torch.no_grad(), ThreadPoolExecutor(READERS) as pool:
+        # plain copies read in a few threads (reads release the GIL), the rest in order
+        reads = [pool.submit(_read_plain, s, refs[s.source], sharded[s.target]) for s in plain]
+        failure = _fill_adapted(plan, refs, sharded)
+        if plan.init != "keep" and failure is None:
+            _reinitialise(plan, sharded)
+        for read in reads:
+            if failure is None and read.exception() is not None:
+                failure = read.exception()
+    _raise_on_every_rank(failure)
 
+
+def _same_plans(plan: Plan) -> None:
+    """Refuse plans that differ between ranks (collective)."""
     digests = _gather(_digest(plan))
     if len(set(digests)) > 1:
         raise TorchgraftError(
             "the ranks planned different grafts (the checkpoint or the model differs between "
             f"ranks: plan digests {sorted(set(d[:12] for d in digests))}); every rank must "
             "graft the same checkpoint into the same model")
+
+
+def _fill_adapted(plan: Plan, refs: dict[str, TensorRef],
+                  sharded: dict[str, DTensor]) -> BaseException | None:
+    """Fill the shards of steps with operations, in order; the first failure, if any.
+
+    Gathering a whole target is a collective: every rank does it, even after a failure.
+    """
     failure: BaseException | None = None
-    plain = [s for s in plan.steps if s.target in sharded and not s.ops]
-    with torch.no_grad(), ThreadPoolExecutor(READERS) as pool:
-        # plain copies read in a few threads (reads release the GIL), the rest in order
-        reads = [pool.submit(_read_plain, s, refs[s.source], sharded[s.target]) for s in plain]
-        for step in plan.steps:
-            tensor = sharded.get(step.target)
-            if tensor is None or not step.ops:
-                continue
-            # the whole target, for adaptations that need it: a collective, before any raise
-            whole = None if _sliceable(step) else _whole(tensor, _keeps(step.ops, plan.init))
-            if failure is None:
-                try:
-                    start, local = _local(step.target, tensor)
-                    _fill(step, refs[step.source], start, local, whole)
-                    logger.debug("filled the shard of %s at %s from %s", step.target, start,
-                                 step.source)
-                except Exception as exc:  # re-raised below, once every rank knows
-                    failure = exc
-        if plan.init != "keep":
-            for key in plan.reinitialised:
-                if key in sharded and failure is None:
-                    start, local = _local(key, sharded[key])
-                    with _seeded(key):
-                        fresh = fresh_values(torch.zeros(sharded[key].shape, dtype=local.dtype),
-                                             plan.init)
-                    local.copy_(_cut(fresh, start, tuple(local.shape)))
-        for read in reads:
-            if failure is None and read.exception() is not None:
-                failure = read.exception()
+    for step in plan.steps:
+        tensor = sharded.get(step.target)
+        if tensor is None or not step.ops:
+            continue
+        # the whole target, for adaptations that need it: a collective, before any raise
+        whole = None if _sliceable(step) else _whole(tensor, _keeps(step.ops, plan.init))
+        if failure is None:
+            try:
+                start, local = _local(step.target, tensor)
+                _fill(step, refs[step.source], start, local, whole)
+                logger.debug("filled the shard of %s at %s from %s", step.target, start,
+                             step.source)
+            except Exception as exc:  # re-raised once every rank knows
+                failure = exc
+    return failure
+
+
+def _reinitialise(plan: Plan, sharded: dict[str, DTensor]) -> None:
+    """Fresh values for the shards of re-initialised targets, the same whatever the mesh."""
+    for key in plan.reinitialised:
+        if key in sharded:
+            start, local = _local(key, sharded[key])
+            with _seeded(key):
+                fresh = fresh_values(torch.zeros(sharded[key].shape, dtype=local.dtype),
+                                     plan.init)
+            local.copy_(_cut(fresh, start, tuple(local.shape)))
+
+
+def _raise_on_every_rank(failure: BaseException | None) -> None:
+    """Raise on every rank when any failed: its own error, or one naming the failed rank."""
+    import torch.distributed as dist
+
     failures = _gather(None if failure is None else str(failure))
     if failure is not None:
         raise failure

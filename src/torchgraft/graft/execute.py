@@ -10,7 +10,7 @@ import torch
 
 from ..meta import TensorRef
 from .adapt import Derived, fresh_values
-from .plan import Plan
+from .plan import Plan, PlanStep
 from .reads import plan_read, read_all
 from .staging import StagedFiller
 
@@ -53,30 +53,10 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
             progress(done, len(plan.steps))
 
     plain = [s for s in plan.steps if not s.ops and s.target not in assigned]
-    fillers: dict[torch.device, StagedFiller] = {}
     with torch.no_grad():
-        for step in plain:  # bound for an accelerator: through pinned staging buffers
-            out = targets[step.target]
-            if out.device.type != "cpu":
-                if out.device not in fillers:
-                    fillers[out.device] = StagedFiller(out.device)
-                fillers[out.device].fill(refs[step.source], out)
-                tick()
-        for filler in fillers.values():
-            filler.finish()
-        for step in plan.steps:
-            if step.ops and step.target not in assigned:
-                out = targets[step.target]
-                if not step.cast and all(isinstance(op, Derived) for op in step.ops):
-                    refs[step.source].read_into(out)  # stacked experts: each into its slice
-                else:
-                    tensor = refs[step.source].read()
-                    for op in step.ops:
-                        tensor = op.apply(tensor, out.detach().cpu())
-                    out.copy_(tensor)
-                logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
-            if step.ops or step.target in assigned:
-                tick()
+        _fill_staged([s for s in plain if targets[s.target].device.type != "cpu"], refs,
+                     targets, tick)
+        _fill_adapted(plan, refs, targets, assigned, tick)
         read_all([plan_read(s.source, refs[s.source], targets[s.target]) for s in plain
                   if targets[s.target].device.type == "cpu"], threads=READERS,
                  done=tick)
@@ -84,3 +64,35 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
             for key in [k for k in plan.reinitialised if k not in assigned]:
                 out = targets[key]
                 out.copy_(fresh_values(out.detach(), plan.init))
+
+
+def _fill_staged(steps: list[PlanStep], refs: dict[str, TensorRef],
+                 targets: dict[str, torch.Tensor], tick: Callable[[], None]) -> None:
+    """Plain copies bound for an accelerator, through pinned staging buffers."""
+    fillers: dict[torch.device, StagedFiller] = {}
+    for step in steps:
+        out = targets[step.target]
+        if out.device not in fillers:
+            fillers[out.device] = StagedFiller(out.device)
+        fillers[out.device].fill(refs[step.source], out)
+        tick()
+    for filler in fillers.values():
+        filler.finish()
+
+
+def _fill_adapted(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor],
+                  assigned: Collection[str], tick: Callable[[], None]) -> None:
+    """Tensors with operations, one at a time; assigned ones only counted."""
+    for step in plan.steps:
+        if step.ops and step.target not in assigned:
+            out = targets[step.target]
+            if not step.cast and all(isinstance(op, Derived) for op in step.ops):
+                refs[step.source].read_into(out)  # stacked experts: each into its slice
+            else:
+                tensor = refs[step.source].read()
+                for op in step.ops:
+                    tensor = op.apply(tensor, out.detach().cpu())
+                out.copy_(tensor)
+            logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
+        if step.ops or step.target in assigned:
+            tick()

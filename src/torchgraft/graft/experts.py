@@ -307,6 +307,17 @@ def add_experts(src: Side, refs: dict[str, TensorRef], dst: Side) -> ExpertTenso
     return found
 
 
+@dataclass(frozen=True)
+class _Block:
+    """One MoE layer being stacked or unstacked, and where what is made goes."""
+
+    name: str
+    experts: dict[int, dict[tuple[str, str], TensorInfo]]
+    refs: dict[str, TensorRef]
+    found: ExpertTensors
+    infos: dict[str, TensorInfo]
+
+
 def _stack_block(block: str, experts: dict[int, dict[tuple[str, str], TensorInfo]],
                  stacked: dict[tuple[str, str], TensorInfo], target: str,
                  refs: dict[str, TensorRef], found: ExpertTensors,
@@ -321,35 +332,49 @@ def _stack_block(block: str, experts: dict[int, dict[tuple[str, str], TensorInfo
         found.unused.update({i.name: why_not for parts in experts.values()
                              for i in parts.values()})
         return
+    convention = _convention(leaves, _block_orientation(stacked, experts[0]))
+    making = _Block(block, experts, refs, found, infos)
     for (leaf, param), info in stacked.items():
-        roles = STACKED[leaf]
-        bias = param == "bias"
-        first = experts[0][(roles[0], param)]
-        rows = first.shape[0]
-        convention = _convention(leaves, _block_orientation(stacked, experts[0]))
-        orientation = "out_in" if bias else _orientation(info.shape, first.shape, len(roles),
-                                                         convention)
-        if orientation is None or (bias and info.shape[1:] != (rows * len(roles),)):
-            why = (f"Cannot stack the experts of '{block}' into '{info.name}' {info.shape}: "
-                   f"each expert's {' + '.join(roles)} {param} is {first.shape}")
-            found.problems[info.name] = why
-            continue
-        interleaved = convention.interleaved and len(roles) > 1
-        parts = [[refs[experts[e][(r, param)].name] for r in roles] for e in range(count)]
-        shape = (count, rows * len(roles)) if bias else (
-            (count, rows * len(roles), first.shape[1]) if orientation == "out_in"
-            else (count, first.shape[1], rows * len(roles)))
-        meta = TensorMeta.of(shape, first.dtype)
-        args = (parts, orientation, interleaved, bias)
-        name = f"{block}.{leaf}{_suffix(param)}"
-        refs[name] = TensorRef(meta, functools.partial(_stack, *args, meta),
-                               functools.partial(_stack_into, *args))
-        names = tuple(experts[e][(r, param)].name for e in range(count) for r in roles)
-        axes = "" if bias else ", [E, out, in]" if orientation == "out_in" else ", [E, in, out]"
-        found.virtual[name] = (names, (
-            f"stacked from {count} experts' {' and '.join(ROLES[r][0] for r in roles)} "
-            f"{param}s ({convention.name} order{', interleaved' if interleaved else ''}{axes})"))
-        infos[name] = TensorInfo(name, shape, meta.dtype)
+        _stack_leaf(making, (leaf, param), info, count, convention)
+
+
+def _stacked_shape(count: int, rows: int, columns: int, orientation: Orientation,
+                   bias: bool) -> tuple[int, ...]:
+    if bias:
+        return (count, rows)
+    return (count, rows, columns) if orientation == "out_in" else (count, columns, rows)
+
+
+def _stack_leaf(block: _Block, key: tuple[str, str], info: TensorInfo, count: int,
+                convention: Convention) -> None:
+    """One stacked tensor of the model, made from every expert's parts."""
+    leaf, param = key
+    roles = STACKED[leaf]
+    bias = param == "bias"
+    first = block.experts[0][(roles[0], param)]
+    rows = first.shape[0]
+    orientation = "out_in" if bias else _orientation(info.shape, first.shape, len(roles),
+                                                     convention)
+    if orientation is None or (bias and info.shape[1:] != (rows * len(roles),)):
+        block.found.problems[info.name] = (
+            f"Cannot stack the experts of '{block.name}' into '{info.name}' {info.shape}: "
+            f"each expert's {' + '.join(roles)} {param} is {first.shape}")
+        return
+    interleaved = convention.interleaved and len(roles) > 1
+    parts = [[block.refs[block.experts[e][(r, param)].name] for r in roles]
+             for e in range(count)]
+    shape = _stacked_shape(count, rows * len(roles), first.shape[-1], orientation, bias)
+    meta = TensorMeta.of(shape, first.dtype)
+    args = (parts, orientation, interleaved, bias)
+    name = f"{block.name}.{leaf}{_suffix(param)}"
+    block.refs[name] = TensorRef(meta, functools.partial(_stack, *args, meta),
+                                 functools.partial(_stack_into, *args))
+    names = tuple(block.experts[e][(r, param)].name for e in range(count) for r in roles)
+    axes = "" if bias else ", [E, out, in]" if orientation == "out_in" else ", [E, in, out]"
+    block.found.virtual[name] = (names, (
+        f"stacked from {count} experts' {' and '.join(ROLES[r][0] for r in roles)} "
+        f"{param}s ({convention.name} order{', interleaved' if interleaved else ''}{axes})"))
+    block.infos[name] = TensorInfo(name, shape, meta.dtype)
 
 
 def _unstack_block(block: str, stacked: dict[tuple[str, str], TensorInfo],
@@ -361,36 +386,44 @@ def _unstack_block(block: str, stacked: dict[tuple[str, str], TensorInfo],
                              _block_orientation(stacked, sample))
     own = {key: info.name.split(".")[-2] for parts in experts.values()
            for key, info in parts.items()}  # the model's own name for each role
+    making = _Block(block, experts, refs, found, infos)
     for (leaf, param), info in stacked.items():
-        roles = STACKED[leaf]
-        bias = param == "bias"
-        count = info.shape[0]
-        if any((r, param) not in own for r in roles):
-            continue
-        if set(experts) != set(range(count)):
-            why = (f"Cannot unstack '{info.name}' ({count} experts) into the model's "
-                   f"{len(experts)} experts of '{block}'; no expert of this layer was loaded")
-            found.problems.update({i.name: why for parts in experts.values()
-                                   for (r, p), i in parts.items() if r in roles and p == param})
-            found.unused[info.name] = why
-            continue
-        part = next(parts[(roles[0], param)].shape for parts in experts.values()
-                    if (roles[0], param) in parts)
-        orientation: Orientation | None = "out_in" if bias else _orientation(
-            info.shape, part, len(roles), convention)
-        if orientation is None or (bias and info.shape[1:] != (part[0] * len(roles),)):
-            continue
-        interleaved = convention.interleaved and len(roles) > 1
-        meta = TensorMeta.of(part, info.dtype)
-        for e in range(count):
-            for k, role in enumerate(roles):
-                name = f"{block}.{e}.{own[(role, param)]}.{param}"
-                rows = _rows(k, len(roles), part[0], interleaved)
-                refs[name] = TensorRef(meta, functools.partial(
-                    _unstack, refs[info.name], e, rows, orientation, bias))
-                found.virtual[name] = ((info.name,), f"unstacked from {info.name} "
-                                                     f"(expert {e}, {ROLES[role][0]})")
-                infos[name] = TensorInfo(name, meta.shape, meta.dtype, "linear")
+        if all((r, param) in own for r in STACKED[leaf]):
+            _unstack_leaf(making, (leaf, param), info, convention, own)
+
+
+def _unstack_leaf(block: _Block, key: tuple[str, str], info: TensorInfo,
+                  convention: Convention, own: dict[tuple[str, str], str]) -> None:
+    """Each expert's parts of one stacked tensor of the source."""
+    leaf, param = key
+    roles = STACKED[leaf]
+    bias = param == "bias"
+    count = info.shape[0]
+    experts = block.experts
+    if set(experts) != set(range(count)):
+        why = (f"Cannot unstack '{info.name}' ({count} experts) into the model's "
+               f"{len(experts)} experts of '{block.name}'; no expert of this layer was loaded")
+        block.found.problems.update({i.name: why for parts in experts.values()
+                                     for (r, p), i in parts.items() if r in roles and p == param})
+        block.found.unused[info.name] = why
+        return
+    part = next(parts[(roles[0], param)].shape for parts in experts.values()
+                if (roles[0], param) in parts)
+    orientation: Orientation | None = "out_in" if bias else _orientation(
+        info.shape, part, len(roles), convention)
+    if orientation is None or (bias and info.shape[1:] != (part[0] * len(roles),)):
+        return
+    interleaved = convention.interleaved and len(roles) > 1
+    meta = TensorMeta.of(part, info.dtype)
+    for e in range(count):
+        for k, role in enumerate(roles):
+            name = f"{block.name}.{e}.{own[(role, param)]}.{param}"
+            rows = _rows(k, len(roles), part[0], interleaved)
+            block.refs[name] = TensorRef(meta, functools.partial(
+                _unstack, block.refs[info.name], e, rows, orientation, bias))
+            block.found.virtual[name] = ((info.name,), f"unstacked from {info.name} "
+                                                       f"(expert {e}, {ROLES[role][0]})")
+            block.infos[name] = TensorInfo(name, meta.shape, meta.dtype, "linear")
 
 
 def explain(plan: Plan, experts: ExpertTensors) -> None:

@@ -11,11 +11,14 @@ checkboxes filter by kind. No network: styles and the few lines of script are in
 
 from __future__ import annotations
 
+import functools
 import html
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from .report import GraftReport
     from .sides import TensorInfo
 
@@ -75,7 +78,13 @@ filter();
 
 def describe(info: TensorInfo) -> str:
     """A tensor's shape and dtype as the page shows them: ``(64, 3, 7, 7) float32``."""
-    return f"{tuple(info.shape)} {str(info.dtype).removeprefix('torch.')}"
+    return _described(tuple(info.shape), info.dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    """One text per shape and dtype: models of 100k tensors have a few dozen of them."""
+    return f"{shape} {str(dtype).removeprefix('torch.')}"
 
 
 def _target_kind(report: GraftReport, key: str) -> str:

@@ -103,22 +103,25 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
     values = values or {}
     done: set[int] = set()
     assigned: set[str] = set()
-    for key in [*keys, *zero]:
+    for key in [*keys, *zero]:  # tens of thousands of small tensors: a tight loop
         old = state.get(key)
-        if old is None or not old.is_meta or id(old) in done:
+        ident = id(old)
+        if old is None or ident in done or not old.is_meta:
             continue
-        done.add(id(old))
-        if key in values:
-            new = values[key]()
+        done.add(ident)
+        read = values.get(key)
+        if read is not None:
+            new = read()
             assigned.add(key)
         else:
             make = torch.zeros if key in zero else torch.empty
             new = make(old.shape, dtype=old.dtype, device=device)
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(new, requires_grad=old.requires_grad)
-        for store, name in holders.get(id(old), ()):
+        for store, name in holders.get(ident, ()):
             store[name] = new
-        state.update(dict.fromkeys(keys_of[id(old)], new))
+        for name in keys_of[ident]:
+            state[name] = new
     return assigned
 
 

@@ -52,6 +52,7 @@ class Planning:
         options: What the user allowed and what the target says.
         rules: The user's rules.
         match: Which matching steps run.
+        ruled: Source keys made by the user's operation rules.
         renamed: Source key to its name after rules and layouts (dropped keys absent).
         how_renamed: Source key to the step its new name came from.
         pairs: Target key to source key.
@@ -66,6 +67,7 @@ class Planning:
     options: Options
     rules: Sequence[Rule] = ()
     match: Match = "auto"
+    ruled: frozenset[str] = frozenset()
     renamed: dict[str, str] = field(default_factory=dict)
     how_renamed: dict[str, MatchStep] = field(default_factory=dict)
     pairs: dict[str, str] = field(default_factory=dict)
@@ -135,7 +137,7 @@ def renames(state: Planning) -> None:
             continue
         laid_out, layout_rule = rename(new, layout_rules)
         state.renamed[name] = laid_out or new
-        state.how_renamed[name] = (MatchStep.RULE if rule else
+        state.how_renamed[name] = (MatchStep.RULE if rule or name in state.ruled else
                                    MatchStep.LAYOUT if layout_rule else MatchStep.EXACT)
 
 
@@ -231,6 +233,7 @@ def ties(state: Planning) -> None:
         plan.tied[target] = filler[owner]
         source, used = pairs.get(target), pairs[filler[owner]]
         if source is not None and src.ties.get(source, source) != src.ties.get(used, used):
+            plan.apart[source] = filler[owner]
             plan.unused[source] = (f"'{target}' is tied to '{filler[owner]}' in the model, "
                                    f"filled from '{used}'")
             plan.warnings.append(f"'{target}' and '{filler[owner]}' are one tensor in the model "

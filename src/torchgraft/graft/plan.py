@@ -19,7 +19,7 @@ vocabulary) keeps the rows both have.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from .adapt import Dequantize, Init, LabelMap
 from .layouts import Layout
@@ -37,7 +37,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
                layouts: Sequence[Layout] = (), match: Match = "auto", adapt: bool = True,
                init: Init = "keep", label_map: LabelMap | None = None,
                derived: Mapping[str, str] | None = None,
-               doubts: Mapping[str, str] | None = None) -> Plan:
+               doubts: Mapping[str, str] | None = None, ruled: Collection[str] = ()) -> Plan:
     """Decide, from metadata alone, how each target tensor is filled.
 
     Args:
@@ -52,6 +52,7 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
         derived: Virtual source keys (fused or split tensors) to how they were made.
         doubts: Virtual source keys whose layout is a guess, to why: the keys they fill are
             guesses (the verdict is then unverified until outputs are compared).
+        ruled: Source keys made by the user's operation rules: matched by ``rule``.
 
     Returns:
         The plan.
@@ -59,7 +60,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
                          source_heads=bool(src.head_dims))
-    state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match)
+    state = Planning(src, dst, Plan(init=init), options, rules=rules, match=match,
+                     ruled=frozenset(ruled))
     plan = run_passes(state)
     dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]
     if dequantized:

@@ -8,8 +8,11 @@ from typing import Literal
 
 from .adapt import Init, Op
 from .evidence import Evidence, Guess, MatchStep
+from .op_rules import Derivation
+from .sides import TensorInfo
 
-__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "is_bookkeeping"]
+__all__ = ["BOOKKEEPING", "REINITIALISED", "Match", "Plan", "PlanStep", "SourceLayout",
+           "is_bookkeeping"]
 
 Match = Literal["auto", "name", "structure"]
 
@@ -56,6 +59,22 @@ class PlanStep:
         return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class SourceLayout:
+    """The source as stored, and how the tensors a plan reads were made from it.
+
+    Attributes:
+        stored: The source's own keys, in stored order, with their shapes and dtypes.
+        ties: Stored key to the first stored key holding the very same tensor.
+        derivations: How each made tensor (a rule's, a fused or split projection's) was made,
+            in the order they were.
+    """
+
+    stored: dict[str, TensorInfo]
+    ties: dict[str, str] = field(default_factory=dict)
+    derivations: tuple[Derivation, ...] = ()
+
+
 @dataclass
 class Plan:
     """Everything a graft will do, decided before any tensor byte is read.
@@ -72,6 +91,10 @@ class Plan:
         guesses: Target keys filled by a guess, with their alternatives.
         surplus: Unused source keys of blocks the model lacks (a deeper checkpoint), with the
             reason: the model then computes something else than the checkpoint's.
+        apart: Source keys of tied targets that the checkpoint stores apart (unused), to the
+            target key whose value they hold (the one the tie was filled through).
+        layout: The source's stored layout, to run the plan backwards; ``None`` for a plan
+            built without it (:func:`~torchgraft.graft.planned.plan_graft` sets it).
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -83,3 +106,5 @@ class Plan:
     init: Init = "keep"
     guesses: dict[str, Guess] = field(default_factory=dict)
     surplus: dict[str, str] = field(default_factory=dict)
+    apart: dict[str, str] = field(default_factory=dict)
+    layout: SourceLayout | None = None

@@ -43,6 +43,45 @@ def _same_kind(ref: TensorRef, expected: torch.Tensor) -> str | None:
     return None
 
 
+def _names(refs: dict[str, TensorRef], own: dict[str, Any]) -> dict[str, str]:
+    """The model's key to the source's: as they are, or without the source's wrappers."""
+    if any(key in refs for key, value in own.items() for key, _t in _parts(key, value)):
+        return {n: n for n in refs}
+    return {bare: n for n, bare in strip_wrappers(refs)[1].items()}
+
+
+def _problems(parts: list[tuple[str, torch.Tensor]], refs: dict[str, TensorRef],
+              names: dict[str, str]) -> dict[str, str]:
+    """Why each tensor of a packed entry cannot be loaded (none: every one can)."""
+    problems = {}
+    for part, expected in parts:
+        ref = refs.get(names.get(part, ""))
+        why = "not in the checkpoint" if ref is None else _same_kind(ref, expected)
+        if why is not None:
+            problems[part] = why
+    return problems
+
+
+def _entry(key: str, value: Any, refs: dict[str, TensorRef], names: dict[str, str],
+           report: GraftReport) -> Any:
+    """The value of one state-dict entry: read from the source, or the model's own."""
+    parts = _parts(key, value)
+    if not parts:  # the packed weights' dtype: the model's own, checked through them
+        return value
+    problems = _problems(parts, refs, names)
+    for part, why in problems.items():
+        advice = _FLOAT_ADVICE if "_packed_params" in part else "left as it was"
+        report.add_missing(part, f"Cannot load '{part}': {why}; {advice}")
+    if problems:
+        return value  # given back as it is: a packed module needs all its entries
+    read = [refs[names[part]].read() for part, _t in parts]
+    for part, _t in parts:
+        report.loaded.append(part)
+        report.mapping[part] = names[part]
+        report.matched_by[part] = "exact" if names[part] == part else "wrapper"
+    return tuple(read) if isinstance(value, tuple) else read[0]
+
+
 def graft_quantized(refs: dict[str, TensorRef], target: nn.Module) -> GraftReport:
     """Load a checkpoint of the same quantized architecture into a quantized model.
 
@@ -55,41 +94,15 @@ def graft_quantized(refs: dict[str, TensorRef], target: nn.Module) -> GraftRepor
         model's shape and dtype; nothing is renamed but wrapper prefixes.
     """
     own = target.state_dict()
-    names = {n: n for n in refs}
-    if not any(key in refs for key, value in own.items() for key, _t in _parts(key, value)):
-        names = {bare: n for n, bare in strip_wrappers(refs)[1].items()}
+    names = _names(refs, own)
     report = GraftReport(targets=[p for k, v in own.items() for p, _t in _parts(k, v)],
                          sources=list(refs))
-    state: dict[str, Any] = {}
-    used: set[str] = set()
-    for key, value in own.items():
-        parts = _parts(key, value)
-        if not parts:  # the packed weights' dtype: the model's own, checked through them
-            state[key] = value
-            continue
-        problems = {}
-        for part, expected in parts:
-            ref = refs.get(names.get(part, ""))
-            why = "not in the checkpoint" if ref is None else _same_kind(ref, expected)
-            if why is not None:
-                problems[part] = why
-        if problems:
-            for part, why in problems.items():
-                advice = _FLOAT_ADVICE if "_packed_params" in part else "left as it was"
-                report.add_missing(part, f"Cannot load '{part}': {why}; {advice}")
-            state[key] = value  # given back as it is: a packed module needs all its entries
-            continue
-        read = [refs[names[part]].read() for part, _t in parts]
-        state[key] = tuple(read) if isinstance(value, tuple) else read[0]
-        for part, _t in parts:
-            report.loaded.append(part)
-            report.mapping[part] = names[part]
-            report.matched_by[part] = "exact" if names[part] == part else "wrapper"
-            used.add(names[part])
+    state = {key: _entry(key, value, refs, names, report) for key, value in own.items()}
     if report.loaded:
         state_dict: Any = type(own)(state)
         state_dict._metadata = getattr(own, "_metadata", None)  # versions: the packed dtype's
         target.load_state_dict(state_dict)
+    used = set(report.mapping.values())
     report.unused = [n for n in refs if n not in used]
     for name in report.unused:
         report.reasons.setdefault(name, "not a tensor of this quantized model")

@@ -56,6 +56,8 @@ class GraftReport:
             ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
+        plan: The plan the graft ran (``tg.save(model, path, layout_of=report)`` runs it
+            backwards).
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -79,6 +81,7 @@ class GraftReport:
     shapes: dict[str, str] = field(default_factory=dict, repr=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
+    plan: Plan | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_plan(cls, plan: Plan, *, targets: Iterable[str] = (),
@@ -90,7 +93,7 @@ class GraftReport:
             targets: Every target key, in the model's order.
             sources: Every source key, in stored order.
         """
-        report = cls(targets=list(targets), sources=list(sources))
+        report = cls(targets=list(targets), sources=list(sources), plan=plan)
         for step in plan.steps:
             report.loaded.append(step.target)
             report.mapping[step.target] = step.source
@@ -98,8 +101,9 @@ class GraftReport:
             report.evidence[step.target] = step.evidence
             if step.target in plan.guesses:
                 report.guesses[step.target] = plan.guesses[step.target]
-            if step.describe():
-                report.adapted[step.target] = step.describe()
+            done = step.describe()
+            if done:
+                report.adapted[step.target] = done
         report.missing = list(plan.missing)
         report.unused = list(plan.unused)
         report.reinitialised = dict(plan.reinitialised)

@@ -1,0 +1,72 @@
+"""Operation rules in the rules file the CLI takes, through the entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from tests.graft.pairs import references as ref
+from tests.graft.pairs.codebases import ARCHS, randomise
+from tests.graft.test_op_rules import TO_FAST
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+FACTORY = "tests/graft/pairs/codebases.py:gpt_fast_llama"
+
+
+def test_graft_with_a_yaml_file_of_operation_rules(run: Run, tmp_path: Path) -> None:
+    hf = randomise(ARCHS["transformers Llama"].build(), seed=2)
+    source = tmp_path / "hf.safetensors"
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(source))
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump({"rules": TO_FAST}))
+    out = tmp_path / "fast.safetensors"
+    result = run("graft", str(source), "--model", FACTORY, "--rules", str(rules), "--out",
+                 str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "graft ok" in result.stdout
+    expected = ref.hf_llama_to_gpt_fast(hf.state_dict())
+    saved = load_file(out)
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())
+
+
+def test_a_bad_operation_rule_exits_2_naming_it(run: Run, tmp_path: Path) -> None:
+    hf = ARCHS["transformers Llama"].build()
+    source = tmp_path / "hf.safetensors"
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(source))
+    rules = tmp_path / "rules.yaml"
+    bad = [dict(TO_FAST[2], sizes=[1, 2]), *TO_FAST[3:]]  # concatenate takes no sizes
+    rules.write_text(yaml.safe_dump({"rules": bad}))
+    result = run("graft", str(source), "--model", FACTORY, "--rules", str(rules), "--out",
+                 str(tmp_path / "out.safetensors"))
+    assert result.returncode == 2
+    assert "rule 1: concatenate takes no field 'sizes'" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_graft_saves_in_the_layout_of_another_checkpoint(run: Run, tmp_path: Path) -> None:
+    """A gpt-fast checkpoint, saved in transformers' Llama layout: q, k, v taken apart."""
+    hf = randomise(ARCHS["transformers Llama"].build(), seed=5)
+    layout = tmp_path / "hf.safetensors"
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, str(layout))
+    fast = tmp_path / "fast.pt"
+    torch.save(ref.hf_llama_to_gpt_fast(hf.state_dict()), fast)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(TO_FAST))
+    out = tmp_path / "out.safetensors"
+    args = ["graft", str(fast), "--model", FACTORY, "--out", str(out), "--layout-of",
+            str(layout)]
+    refused = run(*args)  # without the rules, the layout's q, k, v have no place in the model
+    assert refused.returncode == 2 and not out.exists()
+    assert "does not fit the checkpoint's layout" in refused.stdout + refused.stderr
+    result = run(*args, "--layout-rules", str(rules))
+    assert result.returncode == 0, result.stdout + result.stderr
+    saved, expected = load_file(out), load_file(layout)
+    assert list(saved) == list(expected)
+    assert all(torch.equal(saved[k], v) for k, v in expected.items())
