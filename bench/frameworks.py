@@ -7,10 +7,15 @@ fresh processes, sides alternated, the file in the page cache before each run:
 - ours: ``tg.graft(file, model)`` into the built PyTorch model (torchgraft's venv);
 - theirs: what an expert does with the framework installed, in the framework's own venv:
   Keras ``load_weights`` + kernels transposed to contiguous ``[out, in]`` arrays; Flax
-  ``serialization.msgpack_restore`` + the same transposes; gguf-py's ``GGUFReader`` (+
+  ``serialization.msgpack_restore`` + the same transposes; Orbax (a folder written by
+  ``StandardCheckpointer().save``: OCDBT, zarr v2 chunks) ``StandardCheckpointer().restore``
+  to JAX arrays + the same transposes to numpy; gguf-py's ``GGUFReader`` (+
   ``gguf.quants.dequantize`` for Q8_0) into ``load_state_dict``; ``onnx.load`` +
   ``numpy_helper.to_array`` + transposes into ``load_state_dict``; MLX ``mx.load`` +
-  ``mx.dequantize`` to numpy.
+  ``mx.dequantize`` (in the mode, bits and group size the folder's config.json gives) to
+  float32 numpy, for mlx-lm folders quantized in each MLX mode: ``mlx`` (affine, 4 bits,
+  groups of 64), ``mlx-mxfp4``, ``mlx-mxfp8`` (groups of 32) and ``mlx-nvfp4`` (groups of
+  16).
 
 The framework venvs have no torch: their side ends at contiguous numpy arrays in PyTorch's
 layout, one copy of the weights, which is less work than filling a model. Both sides
@@ -18,9 +23,9 @@ checksum every weight (float64 sums) and must agree. Peak RSS is each process's 
 mark; "physical" is the time to read the file once from the page cache.
 
 Run: python bench/frameworks.py [--mib 1024] [--repeat 2] [--formats gguf,onnx,...] [--json]
-(framework pythons from TG_KERAS_PYTHON, TG_FLAX_PYTHON, TG_MLX_PYTHON; default
-/work/venvs/{tf,jax,mlx}/bin/python; a format whose python is missing is reported as not
-measured).
+(framework pythons from TG_KERAS_PYTHON, TG_FLAX_PYTHON (also Orbax's), TG_MLX_PYTHON (every
+MLX mode); default /work/venvs/{tf,jax,mlx}/bin/python; a format whose python is missing is
+reported as not measured).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from functools import partial  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -47,13 +53,23 @@ import numpy as np  # noqa: E402
 _WIDTH = 1024
 _PYTHONS = {"keras": ("TG_KERAS_PYTHON", "/work/venvs/tf/bin/python"),
             "flax": ("TG_FLAX_PYTHON", "/work/venvs/jax/bin/python"),
+            "orbax": ("TG_FLAX_PYTHON", "/work/venvs/jax/bin/python"),
             "mlx": ("TG_MLX_PYTHON", "/work/venvs/mlx/bin/python")}
+#: MLX's quantization modes benchmarked: format -> (mode, bits, group size).
+_MLX_MODES = {"mlx": ("affine", 4, 64), "mlx-mxfp4": ("mxfp4", 4, 32),
+              "mlx-mxfp8": ("mxfp8", 8, 32), "mlx-nvfp4": ("nvfp4", 4, 16)}
 _FILES = {"gguf": "model.gguf", "gguf-q8_0": "model-q8_0.gguf", "onnx": "model.onnx",
-          "keras": "model.weights.h5", "flax": "model.msgpack", "mlx": "mlx-4bit"}
+          "keras": "model.weights.h5", "flax": "model.msgpack", "orbax": "orbax",
+          **{fmt: f"mlx-{mode}" for fmt, (mode, _, _) in _MLX_MODES.items()}}
+
+
+def _framework(fmt: str) -> str:
+    """The framework whose venv writes and loads ``fmt`` (``mlx-mxfp4`` -> ``mlx``)."""
+    return fmt.split("-")[0]
 
 
 def _python(fmt: str) -> str:
-    env, default = _PYTHONS.get(fmt, ("", sys.executable))
+    env, default = _PYTHONS.get(_framework(fmt), ("", sys.executable))
     return os.environ.get(env, default) if env else sys.executable
 
 
@@ -108,25 +124,42 @@ def write_keras(path: Path, layers: int) -> None:
     model.save_weights(str(path))
 
 
+def _flax_variables(layers: int) -> dict[str, Any]:
+    """Flax's variables for the model: ``params/l<i>/kernel`` in ``[in, out]``."""
+    return {"params": {f"l{i}": {"kernel": np.ascontiguousarray(w.T)}
+                       for i, w in enumerate(_weights(layers))}}
+
+
 def write_flax(path: Path, layers: int) -> None:
     from flax import serialization
 
-    params = {f"l{i}": {"kernel": np.ascontiguousarray(w.T)}
-              for i, w in enumerate(_weights(layers))}
-    path.write_bytes(serialization.to_bytes({"params": params}))
+    path.write_bytes(serialization.to_bytes(_flax_variables(layers)))
 
 
-def write_mlx(path: Path, layers: int) -> None:
+def write_orbax(path: Path, layers: int) -> None:
+    import jax
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, jax.tree.map(jax.numpy.asarray, _flax_variables(layers)))
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+
+
+def write_mlx(path: Path, layers: int, fmt: str = "mlx") -> None:
     import mlx.core as mx
 
+    mode, bits, group = _MLX_MODES[fmt]
     path.mkdir()
     tensors = {}
     for i, weight in enumerate(_weights(layers)):
-        packed, scales, biases = mx.quantize(mx.array(weight), group_size=64, bits=4)
-        tensors.update({f"l{i}.weight": packed, f"l{i}.scales": scales, f"l{i}.biases": biases})
+        packed, scales, *biases = mx.quantize(mx.array(weight), group_size=group, bits=bits,
+                                              mode=mode)
+        tensors.update({f"l{i}.weight": packed, f"l{i}.scales": scales})
+        tensors.update({f"l{i}.biases": b for b in biases if b is not None})
     mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "mlx"})
-    (path / "config.json").write_text(json.dumps({"quantization": {"group_size": 64,
-                                                                   "bits": 4}}))
+    (path / "config.json").write_text(json.dumps({"quantization": {
+        "group_size": group, "bits": bits, "mode": mode}}))
 
 
 # --- theirs (each in its framework's python): prepare (untimed), then load ------------------
@@ -185,16 +218,29 @@ def theirs_flax(path: Path, layers: int) -> list[Any]:
     from flax import serialization
 
     state = serialization.msgpack_restore(path.read_bytes())
-    return [np.ascontiguousarray(np.asarray(state["params"][f"l{i}"]["kernel"]).T)
+    return _transposed(state, layers)
+
+
+def theirs_orbax(path: Path, layers: int) -> list[Any]:
+    import orbax.checkpoint as ocp
+
+    return _transposed(ocp.StandardCheckpointer().restore(path), layers)
+
+
+def _transposed(variables: Any, layers: int) -> list[Any]:
+    """Flax's ``[in, out]`` kernels as contiguous ``[out, in]`` numpy arrays."""
+    return [np.ascontiguousarray(np.asarray(variables["params"][f"l{i}"]["kernel"]).T)
             for i in range(layers)]
 
 
 def theirs_mlx(path: Path, layers: int) -> list[Any]:
     import mlx.core as mx
 
+    claim = json.loads((path / "config.json").read_text())["quantization"]
     tensors = mx.load(str(path / "model.safetensors"))
     return [np.array(mx.dequantize(tensors[f"l{i}.weight"], tensors[f"l{i}.scales"],
-                                   tensors[f"l{i}.biases"], group_size=64, bits=4))
+                                   tensors.get(f"l{i}.biases"), group_size=claim["group_size"],
+                                   bits=claim["bits"], mode=claim["mode"]).astype(mx.float32))
             for i in range(layers)]
 
 
@@ -208,20 +254,22 @@ def ours(path: Path, model: Any) -> list[Any]:
 
 _WRITERS: dict[str, Callable[[Path, int], None]] = {
     "gguf": write_gguf, "gguf-q8_0": lambda p, n: write_gguf(p, n, quantized=True),
-    "onnx": write_onnx, "keras": write_keras, "flax": write_flax, "mlx": write_mlx}
+    "onnx": write_onnx, "keras": write_keras, "flax": write_flax, "orbax": write_orbax,
+    **{fmt: partial(write_mlx, fmt=fmt) for fmt in _MLX_MODES}}
 _THEIRS: dict[str, Callable[[Path, Any], list[Any]]] = {
     "gguf": theirs_gguf, "gguf-q8_0": theirs_gguf, "onnx": theirs_onnx, "keras": theirs_keras,
-    "flax": theirs_flax, "mlx": theirs_mlx}
-#: What each side imports and builds before the clock starts.
+    "flax": theirs_flax, "orbax": theirs_orbax, **dict.fromkeys(_MLX_MODES, theirs_mlx)}
+#: What each side imports and builds before the clock starts (by framework).
 _MODULES = {"ours": ("torch", "torchgraft", "torchgraft.graft"), "gguf": ("torch", "gguf"),
-            "gguf-q8_0": ("torch", "gguf"), "onnx": ("torch", "onnx"), "keras": ("keras",),
-            "flax": ("flax.serialization",), "mlx": ("mlx.core",)}
+            "onnx": ("torch", "onnx"), "keras": ("keras",), "flax": ("flax.serialization",),
+            "orbax": ("orbax.checkpoint",), "mlx": ("mlx.core",)}
 #: Optional dependencies torchgraft's readers import (imported before the clock too).
-_OURS_EXTRA = {"keras": ("h5py",), "gguf-q8_0": ("gguf",)}
+_OURS_EXTRA = {"keras": ("h5py",), "gguf-q8_0": ("gguf",), "orbax": ("tensorstore",)}
 
 
 def _prepare(side: str, fmt: str, layers: int) -> Any:
-    wanted = _MODULES["ours"] + _OURS_EXTRA.get(fmt, ()) if side == "ours" else _MODULES[fmt]
+    wanted = (_MODULES["ours"] + _OURS_EXTRA.get(fmt, ()) if side == "ours"
+              else _MODULES[_framework(fmt)])
     for module in wanted:
         __import__(module)
     if side == "ours" or fmt in ("gguf", "gguf-q8_0", "onnx"):

@@ -49,6 +49,9 @@ def test_numbers_sort_numerically_and_sides_pair_with_their_own() -> None:
     deeper = side(dict.fromkeys(sorted([*names, "encoder.blocks.12.mlp.0.weight"]), (8, 4)))
     plan = build_plan(deeper, dst)
     assert not any(s.source.startswith("encoder.") for s in plan.steps)  # 13 into 12: unsaid
+    unnamed = side(dict.fromkeys(sorted(name.replace("encoder", "first").replace(
+        "decoder", "second") for name in names), (8, 4)))
+    assert not build_plan(unnamed, dst).steps  # sides no convention names: letters only
 
 
 @pytest.mark.parametrize("name", ["openai-whisper -> transformers Whisper",

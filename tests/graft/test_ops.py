@@ -33,6 +33,7 @@ CASES = [
     (ops.Unstack(1), [_t(2, 3, 4)]),
     (ops.Reshape((6, 4)), [_t(6, 4, 1, 1)]),
     (ops.Offset(1.0), [_t(5)]),
+    (ops.Reverse(0, 2), [_t(6, 3)]),
     (ops.Chain((ops.Concatenate(0), ops.Transpose(0, 1))), [_t(2, 3), _t(4, 3)]),
 ]
 
@@ -82,6 +83,7 @@ def test_interleave_is_gpt_neox_query_key_value() -> None:
     (ops.Stack(0), [(2, 3), (3, 2)]),
     (ops.Reshape((5,)), [(2, 3)]),
     (ops.Offset(1.0), [(2,), (2,)]),
+    (ops.Reverse(0, 2), [(5, 3)]),
 ])
 def test_shapes_that_do_not_fit_are_refused(op: ops.TensorOp,
                                             shapes: list[tuple[int, ...]]) -> None:

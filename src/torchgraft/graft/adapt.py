@@ -19,7 +19,8 @@ import torch
 from . import ops
 
 __all__ = ["Dequantize", "Derived", "Init", "InputChannels", "LabelMap", "Op", "RotaryPermute",
-           "Permute", "Rows", "Transpose", "fresh_values", "label_pairs"]
+           "PartsReversed", "Permute", "Reshape", "Rows", "Transpose", "UnitOffset",
+           "fresh_values", "label_pairs"]
 
 Init = Literal["keep", "normal", "zeros"]
 LabelMap = Mapping[int, int] | Sequence[int | None]
@@ -103,6 +104,80 @@ class Permute:
     def describe(self) -> str:
         """Text for the report."""
         return f"axes permuted to {self.dims} ({self.why})"
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """The source stores this weight with other unit dimensions.
+
+    A 1x1 convolution's weight ``[out, in, 1, 1]`` is a Linear's ``[out, in]``.
+    """
+
+    why: str
+    to: tuple[int, ...]
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The tensor in the target's shape (a view)."""
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Reshape(self.to)
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The target's shape."""
+        return self.to
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return f"reshaped to {self.to} ({self.why})"
+
+
+@dataclass(frozen=True)
+class PartsReversed:
+    """A fused gated projection stored with its halves the other way round (``[up; gate]``)."""
+
+    why: str
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The tensor with its two halves exchanged."""
+        return self.reversible().apply([tensor])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Reverse(0, 2)
+
+    def describe(self) -> str:
+        """Text for the report."""
+        return f"halves exchanged ({self.why})"
+
+
+@dataclass(frozen=True)
+class UnitOffset:
+    """A norm's scale stored with another offset: ``delta`` is added.
+
+    1 takes a Gemma norm's ``gamma - 1`` into a plain norm; -1 goes the other way.
+    """
+
+    delta: float
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The weight plus ``delta``, in the wider of its dtype and the target's.
+
+        A bfloat16 ``gamma - 1`` plus 1 would otherwise round in bfloat16.
+        """
+        wide = torch.promote_types(tensor.dtype, current.dtype)
+        return self.reversible().apply([tensor.to(wide)])[0]
+
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+        return ops.Offset(self.delta)
+
+    def describe(self) -> str:
+        """Text for the report."""
+        way = "added to" if self.delta > 0 else "taken from"
+        return (f"unit offset: {abs(self.delta):g} {way} the norm's weight (one norm scales by "
+                "1 + weight, the other by weight)")
 
 
 @dataclass(frozen=True)
@@ -227,7 +302,8 @@ class Derived:
         return self.why
 
 
-Op = Dequantize | Derived | Transpose | Permute | InputChannels | Rows | RotaryPermute
+Op = (Dequantize | Derived | Transpose | Permute | Reshape | PartsReversed | UnitOffset
+      | InputChannels | Rows | RotaryPermute)
 
 
 def label_pairs(label_map: LabelMap, n_from: int, n_to: int) -> tuple[tuple[int, int], ...]:

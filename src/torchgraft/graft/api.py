@@ -22,6 +22,7 @@ from .execute import execute_plan
 from .html import describe
 from .inputs import Inputs
 from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
+from .norms import NormOffsets, norm_offsets
 from .plan import Match, Plan
 from .planned import plan_graft
 from .quantized_target import graft_quantized
@@ -152,7 +153,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     try:
         scope = _adapter_scope(opened, target, target_side.tensors)
         planned = plan_graft(opened, target_side, rules=rules, scoped=scope is not None,
-                             match=match, adapt=adapt, init=init, label_map=label_map)
+                             match=match, adapt=adapt, init=init, label_map=label_map,
+                             norms=NormOffsets(_source_norms(opened.module, source_model),
+                                               norm_offsets(target)))
         plan = planned.plan
         plan.warnings[:0] = warnings
         _fill(plan, opened, target, state, sharded,
@@ -333,10 +336,22 @@ def _meta_inputs(inputs: Any) -> Any:
     return inputs
 
 
+def _source_norms(module: nn.Module | None,
+                  source_model: SourceModelLike | None) -> dict[str, float | None]:
+    """The source's norm classes: its module's, else a ``source_model=`` module's.
+
+    A ``source_model=`` module is of the file's own code base, named as the file; a bare file
+    says none.
+    """
+    found = module if module is not None else source_model
+    return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
+
+
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
     layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
-                                       "unstacked", "by rule")) for text in
+                                       "unstacked", "by rule", "reshaped", "unit offset",
+                                       "halves exchanged")) for text in
                       report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 

@@ -56,10 +56,11 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention("o", r"attention\.output\.dense"),
     Convention("o", r"o|wo|out|proj|o_proj|out_proj|dense|c_proj", siblings=_ATTENTION_PARTS),
     Convention("gate_up", r"\{gate.*\}|gate_up_proj|gate_up|w13|w12"),
+    Convention("up_gate", r"\{up.*\}|up_gate_proj|up_gate|ff_proj"),
     Convention("down", r"w3", siblings=frozenset({"w12"})),
     Convention("gate", r"gate_proj|gate|wi_0|fc_gate|" + _MLP + r"w1"),
     Convention("up", r"up_proj|up|wi_1|" + _MLP + r"w3"),
-    Convention("down", r"down_proj|down|" + _MLP + r"(?:w2|wo|c_proj|fc2|fc_out|lin2)"),
+    Convention("down", r"down_proj|down|" + _MLP + r"(?:w2|wo|c_proj|fc2|fc_out|lin2)|ff_out"),
     Convention("up", r"fc1|c_fc|fc_in|lin1|wi|dense_h_to_4h|intermediate\.dense"),
     Convention("down", r"fc2|fc_out|lin2|dense_4h_to_h|\d+\.output\.dense"),
     Convention("norm_q", r"q_norm|q_layernorm|query_norm|norm_q"),
@@ -82,6 +83,7 @@ CONTEXTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("encoder", re.compile(r"(?:^|\.)encoder(?:\.|$)")),
     ("decoder", re.compile(r"(?:^|\.)decoder(?:\.|$)")),
     ("vision", re.compile(r"(?:^|\.)(?:vision_model|visual|vision_tower|vision_encoder)(?:\.|$)")),
+    ("text", re.compile(r"(?:^|\.)(?:text_model|text_encoder|text_tower)(?:\.|$)")),
     ("cross", re.compile(r"(?:^|[._])(?:cross_attn|encoder_attn|crossattention|cross_attention)"
                          r"(?:[._]|$)")),
     ("shortcut", re.compile(r"(?:^|\.)(?:shortcut|downsample|skip|skip_connection|"
@@ -118,9 +120,12 @@ ROTARY_ORDERS: dict[str, RotaryOrder] = {
 }
 
 _NUMBERED_NORM = re.compile(r"(?:^|\.)(?:norm|ln|bn|layernorm|layer_norm|gn)_?(\d+)$")
-#: A part of a fused tensor split by torchgraft (``attn.qkv[1]``), and the roles of its parts.
+#: A part of a fused tensor split by torchgraft (``attn.qkv[1]``), and the roles of its parts,
+#: by the role of the fused module. A gated first projection under a plain name (``fc1``, role
+#: ``up``) is split gate first (:mod:`~torchgraft.graft.glu`: a guess).
 _PART = re.compile(r"^(.*)\[(\d+)\]$")
-_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+_PARTS = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up"), "up_gate": ("up", "gate"),
+          "up": ("gate", "up")}
 
 
 def role_of(path: str, siblings: frozenset[str] = frozenset()) -> str | None:

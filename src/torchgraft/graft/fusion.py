@@ -5,7 +5,10 @@ When the model holds a fused projection (timm's ``attn.qkv``, nanoGPT's ``c_attn
 other way round, the source gets virtual tensors: lazy concatenations of the parts, or lazy
 equal slices of the fused tensor. Planning then treats them as any other source tensor (by
 name or by structure), and the report says where they came from. Which names are parts of
-which fused projection is data (:data:`FUSIONS`).
+which fused projection, in which order, is data (:data:`FUSIONS`; gated MLPs' orders come
+from :data:`~torchgraft.graft.glu.GLU_ORDERS`). Where a name does not say the order, the
+tensors it fills are guesses, and only a fused tensor whose halves fit the other side's
+shapes is split (or parts fused).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..meta import TensorRef
+from .evidence import Guess
+from .glu import GLU_ORDERS, PARTS_REORDERED
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
@@ -28,11 +33,13 @@ class Fusion:
         parts: For each part, in order of rows, its module names.
         per_head: Fused names stored head by head (``[heads, parts, head_dim]``: GPT-NeoX's
             and BLOOM's ``query_key_value``) rather than part by part (``[Q; K; V]``).
+        doubt: Why the order of the parts is a guess, when the fused names do not say it.
     """
 
     fused: frozenset[str]
     parts: tuple[frozenset[str], ...]
     per_head: frozenset[str] = frozenset()
+    doubt: str | None = None
 
 
 FUSIONS = (
@@ -40,8 +47,7 @@ FUSIONS = (
            (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
             frozenset({"v", "value", "v_proj", "wv"})),
            per_head=frozenset({"query_key_value"})),
-    Fusion(frozenset({"gate_up_proj", "gate_up", "w13"}),
-           (frozenset({"gate_proj", "gate", "w1"}), frozenset({"up_proj", "up", "w3"}))),
+    *(Fusion(order.names, order.parts, doubt=order.doubt) for order in GLU_ORDERS),
 )
 
 
@@ -56,6 +62,7 @@ class Virtual:
         doubt: Why its layout is a guess (the head count came from the model alone), if so.
         op: The operation that makes it from its parts (:mod:`~torchgraft.graft.ops`).
         index: Which of the operation's outputs it is.
+        alternatives: What else it could be, when its layout is a guess.
     """
 
     name: str
@@ -64,6 +71,14 @@ class Virtual:
     doubt: str | None = None
     op: TensorOp | None = None
     index: int = 0
+    alternatives: tuple[str, ...] = ()
+
+    def guess(self) -> Guess | None:
+        """The guess a key it fills is, when its layout is one."""
+        if self.doubt is None:
+            return None
+        return Guess(self.alternatives or (f"{self.name} read with another head count",),
+                     self.doubt)
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
@@ -129,19 +144,21 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         label = ",".join(_leaf_module(p) for p in ordered)
         for leaf, group in infos.items():
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
-            found += _fused(name, group, refs, head)
+            found += _fused(name, group, refs, head, fusion.doubt)
     return found
 
 
 def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
-           head: tuple[int | None, str | None] | None) -> list[Virtual]:
+           head: tuple[int | None, str | None] | None,
+           doubt: str | None = None) -> list[Virtual]:
     """One fused virtual tensor from its parts: part by part, or head by head."""
     parts = tuple(i.name for i in group)
     why = "fused from " + ", ".join(parts)
     if head is None:
         op: TensorOp = Concatenate(0)
         [refs[name]] = lazy(op, [refs[p] for p in parts])
-        return [Virtual(name, parts, why, op=op)]
+        other = (f"{name} {PARTS_REORDERED}",) if doubt else ()
+        return [Virtual(name, parts, why, doubt, op, alternatives=other)]
     head_dim, doubt = head
     if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
         return []  # a per-head layout with no head size, or unequal parts: not fused
@@ -166,11 +183,13 @@ def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         op = Split(0, count=count)
         for leaf, info in tensors.items():
             rows = info.shape[0] // count
+            names = [f"{path}[{k}].{leaf}" for k in range(count)]  # sorted names keep the order
             for k, ref in enumerate(lazy(op, [refs[info.name]])):
-                name = f"{path}[{k}].{leaf}"  # numbered: sorted names keep the order
-                refs[name] = ref
-                found.append(Virtual(name, (info.name,), f"split from {info.name} (rows "
-                                     f"{k * rows}:{(k + 1) * rows})", op=op, index=k))
+                refs[names[k]] = ref
+                others = tuple(n for n in names if n != names[k]) if fusion.doubt else ()
+                found.append(Virtual(names[k], (info.name,), f"split from {info.name} (rows "
+                                     f"{k * rows}:{(k + 1) * rows})", fusion.doubt, op, k,
+                                     others))
     return found
 
 
@@ -191,6 +210,47 @@ def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], 
     return found
 
 
+def _whole(fusion: Fusion, fused: set[str]) -> bool:
+    """Whether the side with fused names holds no parts, where the names do not say the order.
+
+    A model with a vision tower's ``fc1`` beside a gated MLP's ``gate_proj`` is not one.
+    """
+    return fusion.doubt is None or fused.isdisjoint(frozenset().union(*fusion.parts))
+
+
+def _fitting(fusion: Fusion, found: list[Virtual], refs: dict[str, TensorRef], dst: Side,
+             names: frozenset[str]) -> list[Virtual]:
+    """The virtual tensors that can fill one of the target's ``names`` modules.
+
+    Where names do not say the order, only those shaped as one (an ungated ``fc1`` is not
+    split); all of them otherwise.
+    """
+    if fusion.doubt is None:
+        return found
+    shapes = {(info.name.rpartition(".")[2], info.shape) for info in dst.tensors.values()
+              if _leaf_module(info.module) in names}
+    return [v for v in found if (v.name.rpartition(".")[2], refs[v.name].meta.shape) in shapes]
+
+
+def _virtual_for(fusion: Fusion, src: Side, refs: dict[str, TensorRef], dst: Side,
+                 leaves: tuple[set[str], set[str]]) -> list[Virtual]:
+    """One fusion's virtual tensors: fused where the model has the fused names, else split.
+
+    Split only where the model has the parts instead.
+    """
+    in_src, in_dst = leaves
+    names, parts = fusion.fused, frozenset().union(*fusion.parts)
+    if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
+        per_head = not in_dst.isdisjoint(fusion.per_head)
+        return _fitting(fusion, _fuse(src, refs, fusion, head_dim_of(src, dst)
+                                      if per_head else None), refs, dst, names)
+    if (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
+            and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
+        return _fitting(fusion, _split(src, refs, fusion, head_dim_of(src, dst)), refs, dst,
+                        parts)
+    return []
+
+
 def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side, list[Virtual]]:
     """Give the source virtual fused or split tensors where the model needs them.
 
@@ -202,17 +262,9 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
     Returns:
         The source side with each virtual tensor in place of its parts, and the virtual tensors.
     """
-    virtual: list[Virtual] = []
     in_src, in_dst = _leaves(src), _leaves(dst)
-    for fusion in FUSIONS:
-        names = fusion.fused
-        parts = frozenset().union(*fusion.parts)
-        if not in_dst.isdisjoint(names) and in_src.isdisjoint(names):
-            per_head = not in_dst.isdisjoint(fusion.per_head)
-            virtual += _fuse(src, refs, fusion, head_dim_of(src, dst) if per_head else None)
-        elif not in_src.isdisjoint(names) and in_dst.isdisjoint(names) \
-                and not in_dst.isdisjoint(parts):
-            virtual += _split(src, refs, fusion, head_dim_of(src, dst))
+    virtual = [v for fusion in FUSIONS for v in _virtual_for(fusion, src, refs, dst,
+                                                             (in_src, in_dst))]
     if not virtual:
         return src, []
     replaced = {part for v in virtual for part in v.parts}

@@ -16,7 +16,8 @@ from .conventions import ROTARY_ORDERS
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "ROTARY",
+__all__ = ["CONV_1X1", "GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF",
+           "PADDLE", "ROTARY",
            "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
            "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
            "rotary_warning"]
@@ -50,7 +51,9 @@ class Layout:
         transposed: Whether a source tensor is stored transposed relative to a target tensor.
         permuted: The axis order (``torch.permute`` dims) a source tensor needs to fill a target
             tensor, for layouts that store more than 2-D weights another way; ``None`` if none.
-        why: Shown in reports for transposed tensors.
+        reshaped: Whether a source weight is the target's with unit dimensions added or
+            removed (a 1x1 convolution's ``[out, in, 1, 1]`` for a Linear's ``[out, in]``).
+        why: Shown in reports for transposed or reshaped tensors.
         rotary: Rotary rows this layout stores in another order.
     """
 
@@ -60,6 +63,7 @@ class Layout:
     exports: tuple[Rule, ...] = ()
     transposed: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
     permuted: Callable[[TensorInfo, TensorInfo], tuple[int, ...] | None] = lambda src, dst: None
+    reshaped: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
     why: str = ""
     rotary: RotaryRows | None = None
 
@@ -107,6 +111,33 @@ GPT2_CONV1D = Layout(
                                  for side in (src, dst) for t in side.tensors.values()),
     transposed=_conv1d_pair,
     why="GPT-2's Conv1D stores weights as [in, out]",
+)
+
+
+#: Module kinds that may hold a pointwise (1x1) projection's weight; ``None``: a file's tensor.
+_POINTWISE_KINDS = frozenset({"conv", "linear", None})
+
+
+def _unit_kernel(src: TensorInfo, dst: TensorInfo) -> bool:
+    """One side a convolution's weight whose kernel is all ones, the other a Linear's weight.
+
+    ``[out, in, 1, 1]`` (or ``[out, in, 1]``...) is ``[out, in]`` with unit dimensions; a
+    3x3 kernel is never squeezed.
+    """
+    if _leaf(src) != "weight" or {len(src.shape), len(dst.shape)} & {0, 1} or \
+            {src.kind, dst.kind} - _POINTWISE_KINDS or len(src.shape) == len(dst.shape):
+        return False
+    flat, conv = sorted((src, dst), key=lambda info: len(info.shape))
+    return (len(flat.shape) == 2 and flat.kind != "conv" and conv.kind != "linear"
+            and conv.shape[:2] == flat.shape and set(conv.shape[2:]) == {1})
+
+
+CONV_1X1 = Layout(
+    name="conv1x1-linear",
+    applies=lambda src, dst: any(len(info.shape) > 2 and set(info.shape[2:]) == {1}
+                                 for side in (src, dst) for info in side.tensors.values()),
+    reshaped=_unit_kernel,
+    why="a 1x1 convolution is a Linear",
 )
 
 
@@ -286,7 +317,8 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
-LAYOUTS = (PADDLE, GPT2_CONV1D, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY, VIT_HF_TO_TIMM,
+LAYOUTS = (PADDLE, GPT2_CONV1D, CONV_1X1, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY,
+           VIT_HF_TO_TIMM,
            QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
 
 

@@ -26,7 +26,7 @@ from ..errors import TorchgraftError
 from ..meta import TensorMeta, TensorRef
 
 __all__ = ["KINDS", "Chain", "Concatenate", "Deinterleave", "Interleave", "Offset", "Permute",
-           "Reshape", "RotaryRows", "Shape", "Split", "Stack", "TensorOp", "Transpose",
+           "Reshape", "Reverse", "RotaryRows", "Shape", "Split", "Stack", "TensorOp", "Transpose",
            "Unstack", "lazy"]
 
 Shape = tuple[int, ...]
@@ -411,6 +411,40 @@ class Reshape:
 
 
 @dataclass(frozen=True)
+class Reverse:
+    """A tensor's ``parts`` equal parts along ``dim`` in reverse order; its own inverse.
+
+    A gated projection's ``[gate; up]`` becomes ``[up; gate]``.
+    """
+
+    dim: int = 0
+    parts: int = 2
+
+    def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensor with its parts reversed."""
+        self.shapes([tuple(tensors[0].shape)])
+        return [torch.cat(tensors[0].chunk(self.parts, dim=self.dim)[::-1], dim=self.dim)]
+
+    def shapes(self, shapes: Sequence[Shape]) -> list[Shape]:
+        """The same shape."""
+        shape = _one(self, shapes)
+        axis = _axis(self.dim, len(shape), self, shapes)
+        if self.parts < 1 or shape[axis] % self.parts:
+            raise _misfit(self, shapes, f"{shape[axis]} does not split into {self.parts} "
+                                        "equal parts")
+        return [shape]
+
+    def inverse(self, shapes: Sequence[Shape]) -> TensorOp:
+        """The same reversal."""
+        self.shapes(shapes)
+        return self
+
+    def describe(self) -> str:
+        """Text for reports."""
+        return f"reverse {self.parts} parts along dim {self.dim}"
+
+
+@dataclass(frozen=True)
 class Offset:
     """A constant added (a norm stored as ``gamma - 1`` read with ``delta=1``)."""
 
@@ -473,7 +507,7 @@ KINDS: dict[str, type] = {
     "concatenate": Concatenate, "split": Split, "interleave": Interleave,
     "deinterleave": Deinterleave, "transpose": Transpose, "permute": Permute,
     "rotary": RotaryRows, "stack": Stack, "unstack": Unstack, "reshape": Reshape,
-    "offset": Offset, "chain": Chain,
+    "offset": Offset, "reverse": Reverse, "chain": Chain,
 }
 
 

@@ -78,7 +78,8 @@ def plan_graft(opened: GraftSource, target: Side, *, rules: RulesSpec = None,
         [saved_copies] if saved_copies else [])
     try:
         plan = build_plan(source, target, rules=parsed.renames, layouts=layouts,
-                          derived=derived, doubts={v.name: v.doubt for v in virtual if v.doubt},
+                          derived=derived, doubts={v.name: guess for v in virtual
+                                                   if (guess := v.guess()) is not None},
                           ruled=frozenset(name for d in made for name in d.outputs), **options)
     except ValueError as exc:
         raise TorchgraftError(str(exc)) from None

@@ -19,6 +19,7 @@ from torch import nn
 
 from .adapt import RotaryPermute
 from .evidence import Evidence
+from .glu import PARTS_REORDERED
 from .plan import Plan
 from .reference import Reference
 from .report import GraftReport
@@ -39,11 +40,14 @@ class Hypothesis:
         name: Shown in the report.
         swaps: Pairs of target keys whose values (and sources) are exchanged.
         permutes: Target keys whose rows are reordered (rotary order), with the reordering.
+        halves: Target keys whose two halves of rows are exchanged (a fused gated
+            projection's gate and up).
     """
 
     name: str
     swaps: tuple[tuple[str, str], ...] = ()
     permutes: tuple[tuple[str, RotaryPermute], ...] = ()
+    halves: tuple[str, ...] = ()
 
     def apply(self, state: dict[str, torch.Tensor], report: GraftReport, *,
               undo: bool = False) -> None:
@@ -58,6 +62,9 @@ class Hypothesis:
             for key, permute in self.permutes:
                 way = RotaryPermute(permute.head_dim, permute.to_meta != undo)
                 state[key].copy_(way.apply(state[key].detach().clone(), state[key]))
+            for key in self.halves:  # its own inverse
+                top, bottom = state[key].detach().clone().chunk(2)
+                state[key].copy_(torch.cat([bottom, top]))
 
 
 def _module(key: str) -> str:
@@ -97,7 +104,8 @@ def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = (),
     found: dict[str, Hypothesis] = {}
     for scope in _scopes(unit):
         guessed = [k for k in report.guesses if _within(k, scope)]
-        for hypothesis in [*_swaps(report, guessed), *_rotary(report, guessed, head_dims)]:
+        for hypothesis in [*_swaps(report, guessed), *_rotary(report, guessed, head_dims),
+                           *_halves(report, guessed)]:
             found.setdefault(hypothesis.name, hypothesis)
     for hypothesis in _lookalikes(report, unit, shapes or {}):
         found.setdefault(hypothesis.name, hypothesis)
@@ -164,6 +172,12 @@ def _rotary(report: GraftReport, guessed: list[str], head_dims: Iterable[int]) -
                        f"head_dim {head_dim}) in '{where}'",
                        permutes=tuple((k, RotaryPermute(head_dim, to_meta)) for k in rows))
             for head_dim in dict.fromkeys(head_dims) for to_meta in (True, False)]
+
+
+def _halves(report: GraftReport, guessed: list[str]) -> list[Hypothesis]:
+    """For a fused tensor whose parts' order was guessed, the parts the other way round."""
+    return [Hypothesis(f"halves of '{key}' exchanged", halves=(key,)) for key in guessed
+            if any(a.endswith(PARTS_REORDERED) for a in report.guesses[key].alternatives)]
 
 
 def _agrees(source: Run, target: nn.Module, reference: Reference, unit: str,
@@ -244,7 +258,8 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         if hypothesis is None:
             break
         kept.append(hypothesis)
-        reordered = [_module(key) for h in kept for key, _permute in h.permutes]
+        reordered = [_module(key) for h in kept
+                     for key in (*(k for k, _permute in h.permutes), *h.halves)]
         result = compare(source, target, None, reference.target_call,
                          module_map=_module_map(report, plan, reference.names, reordered),
                          rtol=rtol)

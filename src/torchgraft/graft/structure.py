@@ -172,6 +172,33 @@ def _in_order(groups: list[_Group]) -> bool:
     return len({_DIGITS.sub("#", block) for block in stems}) <= 1
 
 
+def _covers(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
+    """Whether every module of ``rows`` can take its own module of ``cols``, none left."""
+    if len(rows) != len(cols):
+        return False
+    owner: dict[int, int] = {}
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j in cols:
+            if match[i, j] and j not in seen:
+                seen.add(j)
+                if j not in owner or place(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(place(i, set()) for i in rows)
+
+
+def _blocks(ua: _Units, ub: _Units) -> list[tuple[list[int], list[int]]]:
+    """The k-th block of each context on one side with the k-th on the other, if as many."""
+    units_a, units_b = ua.blocks(), ub.blocks()
+    if units_a.keys() != units_b.keys() or any(
+            len(units_a[key]) != len(units_b[key]) for key in units_a):
+        return []
+    return [pair for key in units_a for pair in zip(units_a[key], units_b[key], strict=True)]
+
+
 class _Aligner:
     """Pairs target groups with source groups (indices), step by step."""
 
@@ -297,38 +324,20 @@ class _Aligner:
                 found = True
         return found
 
-    def _covers(self, rows: list[int], cols: list[int]) -> bool:
-        """Whether every module of ``rows`` can take its own module of ``cols``, none left."""
-        if len(rows) != len(cols):
-            return False
-        owner: dict[int, int] = {}
-
-        def place(i: int, seen: set[int]) -> bool:
-            for j in cols:
-                if self.match[i, j] and j not in seen:
-                    seen.add(j)
-                    if j not in owner or place(owner[j], seen):
-                        owner[j] = i
-                        return True
-            return False
-
-        return all(place(i, set()) for i in rows)
-
     def _by_units(self, ua: _Units, ub: _Units) -> tuple[list[int], list[int]]:
         """Pair numbered blocks in order, then align each pair's modules within it.
 
-        Only when both sides have as many blocks and each block's modules can all fill the
-        other's (a deeper or otherwise shaped checkpoint aligns module by module). Inside a
-        block, the order of use may differ (a parallel residual runs its MLP first): aligning
-        block by block keeps a module from pairing with another block's.
+        Only when both sides have as many blocks in each context (an encoder's, a decoder's)
+        and each block's modules can all fill the other's (a deeper or otherwise shaped
+        checkpoint aligns module by module). Inside a block, the order of use may differ (a
+        parallel residual runs its MLP first): aligning block by block keeps a module from
+        pairing with another block's.
 
         Returns:
             The target and source modules outside those blocks.
         """
-        units_a, units_b = ua.blocks(), ub.blocks()
-        blocks = list(zip(units_a.values(), units_b.values(), strict=False))
-        if len(units_a) != len(units_b) or len(blocks) < 2 or not all(
-                self._covers(rows, cols) for rows, cols in blocks):
+        blocks = _blocks(ua, ub)
+        if len(blocks) < 2 or not all(_covers(self.match, rows, cols) for rows, cols in blocks):
             return list(range(len(self.a))), list(range(len(self.b)))
         for rows, cols in blocks:
             self.solve(rows, cols)
@@ -403,17 +412,26 @@ class _Units:
         self.parts = [role_parts(g.path, frozenset(children[g.parent])) for g in groups]
         self.role = [joined_role(*p) for p in self.parts]
         self.context = [contexts for contexts, _ in self.parts]
+        self.kept: set[str] = set()
         self.cls = classes
         self.ordered = ordered
         self.anchor = _anchors(groups, ordered=ordered)
 
-    def blocks(self) -> dict[str, list[int]]:
-        """Each numbered block (unit) to its groups, in order of first use; the root apart."""
+    def blocks(self) -> dict[tuple[str, ...], list[list[int]]]:
+        """Numbered blocks (units) by the contexts of their path: each block's groups.
+
+        Blocks are in order of first use, the root apart; the contexts kept are those both
+        sides name (an encoder's blocks, a vision tower's).
+        """
         found: dict[str, list[int]] = {}
         for k, unit in enumerate(self.unit):
             if unit:
                 found.setdefault(unit, []).append(k)
-        return found
+        sides: dict[tuple[str, ...], list[list[int]]] = {}
+        for unit, members in found.items():
+            key = tuple(c for c in role_parts(unit)[0] if c in self.kept)
+            sides.setdefault(key, []).append(members)
+        return sides
 
     def contexts(self) -> set[str]:
         """Every context this side's paths name."""
@@ -421,6 +439,7 @@ class _Units:
 
     def keep_contexts(self, kept: set[str]) -> None:
         """Roles with only the contexts both sides name (one side's ``encoder.`` says nothing)."""
+        self.kept = kept
         self.context = [tuple(c for c in contexts if c in kept) for contexts, _ in self.parts]
         self.role = [joined_role(context, own)
                      for context, (_, own) in zip(self.context, self.parts, strict=True)]
@@ -572,8 +591,10 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
         if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
             return True
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
-    before = _before(own, own_p == own_q and "#" in own_p, i, i2)
-    after = _before(other, other_p == other_q and "#" in other_p, k, k2)
+    numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
+    if not any(numbered) or _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False:
+        return False  # order alone, or against the convolutions, says nothing
+    before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
     return before is not None and before == after
 
 
@@ -590,7 +611,7 @@ def _before(units: _Units, numbered: bool, x: int, x2: int) -> bool | None:
 
     Numbers in their names order siblings that differ only by them (``bn1``, ``bn2``,
     ``_bn0``); a real order of definition or use orders norms that each follow their
-    convolution. Else ``None``.
+    convolution (against numbered ones on the other side only). Else ``None``.
     """
     if numbered:
         return natural_key(units.paths[x]) < natural_key(units.paths[x2])

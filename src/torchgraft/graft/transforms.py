@@ -23,34 +23,45 @@ from .adapt import (
     InputChannels,
     LabelMap,
     Op,
+    PartsReversed,
     Permute,
+    Reshape,
     RotaryPermute,
     Rows,
     Transpose,
+    UnitOffset,
     label_pairs,
 )
 from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
+from .glu import halves_between
 from .layouts import Layout
+from .norms import NormOffsets
 from .planning import REINITIALISED, Plan, PlanStep
 from .sides import Side, TensorInfo
 
 __all__ = ["Options", "decide", "fits_for"]
 
 
-def _transpose(src: TensorInfo, dst: TensorInfo,
-               layouts: Sequence[Layout]) -> Transpose | Permute | None:
+Relaid = Transpose | Permute | Reshape
+
+
+def _transpose(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> Relaid | None:
+    """How a layout stores the source weight: transposed, axes permuted, or reshaped."""
     for layout in layouts:
         if layout.transposed(src, dst):
             return Transpose(layout.why)
         dims = layout.permuted(src, dst)
         if dims is not None:
             return Permute(layout.why, dims)
+        if layout.reshaped(src, dst):
+            return Reshape(layout.why, dst.shape)
     return None
 
 
-# Module kinds that hold the same thing in another layout (a Conv1D bias is a Linear bias).
-_SAME_KIND = {"gpt2_conv1d": "linear"}
+# Module kinds that hold the same thing in another layout (a Conv1D bias is a Linear bias; a
+# convolution's bias is a Linear's, its weight one only when its kernel is 1x1).
+_SAME_KIND = {"gpt2_conv1d": "linear", "conv": "linear"}
 
 
 def _kinds_differ(src: TensorInfo, dst: TensorInfo) -> bool:
@@ -99,10 +110,13 @@ class Options:
         vocab: Row counts of the target's embeddings (a head as wide is a vocabulary).
         heads: Target modules that are an output head: by role, or the last module used.
         first: The target's first module used (whose input channels may be adapted).
-        doubts: Virtual source keys whose layout is a guess, to why (a per-head layout read
-            with the model's head size).
+        doubts: Virtual source keys whose layout is a guess, to the guess (a per-head layout
+            read with the model's head size, a gated projection's halves in a guessed order).
         source_heads: Whether the source states its head sizes (a module, a config, a file's
             metadata); without them a head-dependent layout (rotary rows) is a guess.
+        norms: The offsets both sides' norms store their scales with (Gemma's ``gamma - 1``).
+        conventions: Whether a pair may need what two code bases store differently (a norm's
+            unit offset, a gated projection's halves); if not, same shapes are a plain copy.
     """
 
     layouts: Sequence[Layout]
@@ -114,8 +128,10 @@ class Options:
     vocab: frozenset[int] = frozenset()
     heads: frozenset[str] = frozenset()
     first: str = ""
-    doubts: Mapping[str, str] = field(default_factory=dict)
+    doubts: Mapping[str, Guess] = field(default_factory=dict)
     source_heads: bool = True
+    norms: NormOffsets = field(default_factory=NormOffsets)
+    conventions: bool = True
 
     @classmethod
     def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
@@ -166,24 +182,16 @@ def _adapt(src: TensorInfo, dst: TensorInfo, shape: tuple[int, ...],
             "correspond")
 
 
-def _inside(dst: TensorInfo, options: Options) -> bool:
-    """Whether a tensor is inside the network: not a head, an embedding or the input layer."""
-    return dst.kind != "embedding" and dst.module not in options.heads | {options.first}
-
-
 def _refuse(plan: Plan, target: str, source: str, shapes: tuple[tuple[int, ...], ...],
             options: Options) -> None:
     """Record a target that no adaptation fits, with the reason and the fix."""
     shape, wanted = (_shape_text(s) for s in shapes)
     if not options.adapt:
         fix = "Pass adapt=True to re-initialise it, or a rule that drops it."
-    elif _inside(options.dst.tensors[target], options):
+    else:  # rows of a head or an embedding, a first convolution's inputs: adapted above
         fix = ("A width inside the network differs: the checkpoint is another configuration "
                "of the architecture (build the model with the checkpoint's sizes), or add a "
                "rule that drops it.")
-    else:
-        fix = ("Only a leading dimension (rows of a head or an embedding) or a convolution's "
-               "input channels can be adapted; add a rule that drops it.")
     plan.missing[target] = (f"Cannot load '{target}': checkpoint has {shape} ('{source}'), model "
                             f"expects {wanted}. {fix}")
     plan.unused[source] = f"does not fit '{target}': {shape} vs {wanted}"
@@ -216,7 +224,8 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
     """
     dst = options.dst.tensors[target]
     if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
-            and source not in options.derived and source not in options.doubts):
+            and source not in options.derived and source not in options.doubts
+            and not options.conventions):
         plan.steps.append(PlanStep(target, source, how, (), "", _evidence(plan, target, how)))
         return  # a plain copy: the common case, decided without the checks below
     ops, dtype, rotary = _ops(target, source, src, dst, options)
@@ -225,8 +234,7 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         plan.unused[source] = f"its rotary rows could not be reordered for '{target}'"
         return
     ops += [rotary] if rotary is not None else []
-    shape = next((op.shape(src.shape) for op in ops if isinstance(op, (Transpose, Permute))),
-                 src.shape)
+    shape = next((op.shape(src.shape) for op in ops if isinstance(op, Relaid)), src.shape)
     if shape != dst.shape:
         op = _adapt(src, dst, shape, options) if options.adapt else None
         if isinstance(op, str):
@@ -237,15 +245,30 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
             _refuse(plan, target, source, (shape, dst.shape), options)
             return
         ops.append(op)
+    conventions, guess = _conventions(source, target, options)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    doubt = options.doubts.get(source)
     if isinstance(rotary, RotaryPermute) and not options.source_heads:
-        doubt = ("the checkpoint does not say its head count; its rotary rows were reordered "
-                 "with the model's head size")
-    if doubt is not None and target not in plan.guesses:
-        plan.guesses[target] = Guess((f"{source} read with another head count",), doubt)
-    plan.steps.append(PlanStep(target, source, how, tuple(ops), cast,
+        guess = Guess((f"{source} read with another head count",),
+                      "the checkpoint does not say its head count; its rotary rows were "
+                      "reordered with the model's head size")
+    if guess is not None and target not in plan.guesses:
+        plan.guesses[target] = guess
+    plan.steps.append(PlanStep(target, source, how, (*ops, *conventions), cast,
                                _evidence(plan, target, how)))
+
+
+def _conventions(source: str, target: str, options: Options) -> tuple[list[Op], Guess | None]:
+    """What the two code bases store differently, and the guess the pair is.
+
+    A norm's unit offset and a gated projection's halves; the guess is a layout's, else a
+    convention's.
+    """
+    delta, offset_guess = options.norms.between(source, target)
+    exchange, order_guess = halves_between(source, target)
+    ops: list[Op] = [UnitOffset(delta)] if delta else []
+    ops += [PartsReversed("the two code bases store gate and up the other way round")
+            ] if exchange else []
+    return ops, options.doubts.get(source) or offset_guess or order_guess
 
 
 def _evidence(plan: Plan, target: str, how: MatchStep) -> Evidence:
