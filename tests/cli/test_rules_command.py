@@ -62,9 +62,9 @@ def test_graft_saves_in_the_layout_of_another_checkpoint(run: Run, tmp_path: Pat
     out = tmp_path / "out.safetensors"
     args = ["graft", str(fast), "--model", FACTORY, "--out", str(out), "--layout-of",
             str(layout)]
-    refused = run(*args)  # without the rules, the layout's q, k, v have no place in the model
-    assert refused.returncode == 2 and not out.exists()
-    assert "does not fit the checkpoint's layout" in refused.stdout + refused.stderr
+    refused = run(*args)  # without the rules, the layout's rotary rows are read by a guess
+    assert refused.returncode == 2 and not out.exists()  # (the file states no head count)
+    assert "paired with the checkpoint's layout by a guess" in refused.stdout + refused.stderr
     result = run(*args, "--layout-rules", str(rules))
     assert result.returncode == 0, result.stdout + result.stderr
     saved, expected = load_file(out), load_file(layout)

@@ -29,6 +29,7 @@ CASES = [
     (ops.Transpose(0, 1), [_t(3, 5)]),
     (ops.Permute((2, 0, 1)), [_t(2, 3, 4)]),
     (ops.RotaryRows(4, to_halves=True), [_t(8, 3)]),
+    (ops.RotaryRows(4, to_halves=False, rows=8), [_t(12, 3)]),  # q, k of a fused [Q; K; V]
     (ops.Stack(0), [_t(2, 3), _t(2, 3)]),
     (ops.Unstack(1), [_t(2, 3, 4)]),
     (ops.Reshape((6, 4)), [_t(6, 4, 1, 1)]),
@@ -80,6 +81,8 @@ def test_interleave_is_gpt_neox_query_key_value() -> None:
     (ops.Transpose(0, 2), [(2, 3)]),
     (ops.Permute((0, 0)), [(2, 3)]),
     (ops.RotaryRows(3, to_halves=True), [(6, 2)]),
+    (ops.RotaryRows(4, to_halves=True, rows=6), [(12, 2)]),
+    (ops.RotaryRows(4, to_halves=True, rows=16), [(12, 2)]),
     (ops.Stack(0), [(2, 3), (3, 2)]),
     (ops.Reshape((5,)), [(2, 3)]),
     (ops.Offset(1.0), [(2,), (2,)]),

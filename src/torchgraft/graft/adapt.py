@@ -263,11 +263,13 @@ class RotaryPermute:
     """Reorder each attention head's rows between transformers' and Meta's rotary layouts.
 
     transformers' Llama conversion stores each head's rows as ``view(heads, head_dim // 2, 2,
-    ...).transpose(1, 2)`` of Meta's; this undoes it (``to_meta``) or applies it.
+    ...).transpose(1, 2)`` of Meta's; this undoes it (``to_meta``) or applies it. ``rows``:
+    only the first rows have rotary heads (q and k of a fused ``[Q; K; V]``).
     """
 
     head_dim: int
     to_meta: bool
+    rows: int | None = None
 
     def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Return the tensor with its rows in the target's rotary order."""
@@ -275,12 +277,13 @@ class RotaryPermute:
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is: Meta's order keeps each head's pairs together."""
-        return ops.RotaryRows(self.head_dim, to_halves=not self.to_meta)
+        return ops.RotaryRows(self.head_dim, to_halves=not self.to_meta, rows=self.rows)
 
     def describe(self) -> str:
         """Text for the report."""
         way = "transformers' -> Meta's" if self.to_meta else "Meta's -> transformers'"
-        return f"rotary rows permuted ({way} layout, head_dim {self.head_dim})"
+        which = "" if self.rows is None else f", q and k: the first {self.rows} rows"
+        return f"rotary rows permuted ({way} layout, head_dim {self.head_dim}{which})"
 
 
 @dataclass(frozen=True)

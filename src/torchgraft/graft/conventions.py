@@ -100,10 +100,13 @@ class RotaryOrder:
             torchtune: ``x.reshape(..., -1, 2)``); else the two halves of each head are apart
             (transformers' ``rotate_half``, after its conversion permuted Meta's rows).
         rows: A regex of the family's q and k keys (searched in a target key).
+        fused: A regex of its fused ``[Q; K; V]`` keys (gpt-fast's ``wqkv``), whose q and k
+            rows are reordered and v rows kept.
     """
 
     interleaved: bool
     rows: re.Pattern[str]
+    fused: re.Pattern[str] | None = None
 
 
 #: Naming families (:func:`~torchgraft.graft.layouts.family_of`) whose attention is rotary, and
@@ -114,7 +117,8 @@ class RotaryOrder:
 ROTARY_ORDERS: dict[str, RotaryOrder] = {
     "transformers-llama": RotaryOrder(
         False, re.compile(r"(^|\.)self_attn\.[qk]_proj\.(weight|bias)$")),
-    "meta-llama": RotaryOrder(True, re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$")),
+    "meta-llama": RotaryOrder(True, re.compile(r"(^|\.)attention\.w[qk]\.(weight|bias)$"),
+                              re.compile(r"(^|\.)attention\.wqkv\.(weight|bias)$")),
     "torchtune-qwen2": RotaryOrder(False, re.compile(r"(^|\.)attn\.[qk]_proj\.(weight|bias)$")),
     "torchtune-llama": RotaryOrder(True, re.compile(r"(^|\.)attn\.[qk]_proj\.weight$")),
 }

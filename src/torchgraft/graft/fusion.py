@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..meta import TensorRef
+from .bare import module_and_leaf
 from .evidence import Guess
 from .glu import GLU_ORDERS, PARTS_REORDERED
+from .layouts import family_of
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
 from .sides import Side, TensorInfo
 
@@ -33,20 +35,24 @@ class Fusion:
         parts: For each part, in order of rows, its module names.
         per_head: Fused names stored head by head (``[heads, parts, head_dim]``: GPT-NeoX's
             and BLOOM's ``query_key_value``) rather than part by part (``[Q; K; V]``).
+        attention: The parts are q, k and v: with fewer key/value heads (grouped-query
+            attention), k and v have fewer rows than q, as the attention's head counts say.
         doubt: Why the order of the parts is a guess, when the fused names do not say it.
     """
 
     fused: frozenset[str]
     parts: tuple[frozenset[str], ...]
     per_head: frozenset[str] = frozenset()
+    attention: bool = False
     doubt: str | None = None
 
 
 FUSIONS = (
-    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "query_key_value"}),
+    Fusion(frozenset({"qkv", "c_attn", "qkv_proj", "Wqkv", "wqkv", "query_key_value",
+                      "in_proj"}),
            (frozenset({"q", "query", "q_proj", "wq"}), frozenset({"k", "key", "k_proj", "wk"}),
             frozenset({"v", "value", "v_proj", "wv"})),
-           per_head=frozenset({"query_key_value"})),
+           per_head=frozenset({"query_key_value"}), attention=True),
     *(Fusion(order.names, order.parts, doubt=order.doubt) for order in GLU_ORDERS),
 )
 
@@ -82,10 +88,11 @@ class Virtual:
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:
-    """Module path to its tensors by leaf name."""
+    """Module path to its tensors by leaf name (bare parameters as the modules they are)."""
     modules: dict[str, dict[str, TensorInfo]] = {}
     for name, info in side.tensors.items():
-        modules.setdefault(info.module, {})[name.rpartition(".")[2]] = info
+        module, leaf = module_and_leaf(name)
+        modules.setdefault(module, {})[leaf] = info
     return modules
 
 
@@ -94,8 +101,8 @@ def _leaf_module(path: str) -> str:
 
 
 def _leaves(side: Side) -> set[str]:
-    """The last part of every module path of a side (``q_proj``, ``qkv``...)."""
-    return {_leaf_module(info.module) for info in side.tensors.values()}
+    """The last part of every module path of a side (``q_proj``, ``qkv``, ``in_proj``...)."""
+    return {_leaf_module(module_and_leaf(name)[0]) for name in side.tensors}
 
 
 def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
@@ -121,9 +128,26 @@ def head_dim_of(src: Side, dst: Side) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+def _qkv_rows(side: Side, attention: str) -> tuple[int, ...] | None:
+    """The q, k and v rows an attention module's head counts and head size say."""
+    counts, head_dim = side.head_counts.get(attention), side.head_dims.get(attention)
+    if counts is None or head_dim is None:
+        return None
+    return counts[0] * head_dim, counts[1] * head_dim, counts[1] * head_dim
+
+
+def _model_rows(dst: Side, fusion: Fusion) -> set[tuple[int, ...]]:
+    """The rows of each part the model's attentions want, where their head counts say them."""
+    if not fusion.attention:
+        return set()
+    return {rows for path in _modules(dst) if _leaf_module(path) in fusion.fused
+            if (rows := _qkv_rows(dst, path.rpartition(".")[0])) is not None}
+
+
+def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
           head: tuple[int | None, str | None] | None = None) -> list[Virtual]:
     found = []
+    wanted = _model_rows(dst, fusion)
     modules = _modules(src)
     by_parent: dict[str, dict[int, str]] = {}
     for path in modules:
@@ -141,6 +165,9 @@ def _fuse(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
         infos = {leaf: [modules[p][leaf] for p in ordered] for leaf in leaves}
         if any(len({(i.shape[1:], i.dtype) for i in group}) != 1 for group in infos.values()):
             continue
+        rows = tuple(i.shape[0] for i in next(iter(infos.values())))
+        if wanted and rows not in wanted:
+            continue  # other head counts than the model's attention: not its fused layout
         label = ",".join(_leaf_module(p) for p in ordered)
         for leaf, group in infos.items():
             name = f"{parent}.{{{label}}}.{leaf}" if parent else f"{{{label}}}.{leaf}"
@@ -160,53 +187,120 @@ def _fused(name: str, group: list[TensorInfo], refs: dict[str, TensorRef],
         other = (f"{name} {PARTS_REORDERED}",) if doubt else ()
         return [Virtual(name, parts, why, doubt, op, alternatives=other)]
     head_dim, doubt = head
-    if head_dim is None or len({i.shape[0] for i in group}) != 1 or group[0].shape[0] % head_dim:
-        return []  # a per-head layout with no head size, or unequal parts: not fused
-    op = Interleave((head_dim,) * len(group))
+    sizes = _group_sizes(tuple(i.shape[0] for i in group), head_dim)
+    if head_dim is None or sizes is None:
+        return []  # a per-head layout with no head size, or parts not of whole groups
+    op = Interleave(sizes)
     [refs[name]] = lazy(op, [refs[p] for p in parts])
-    return [Virtual(name, parts, f"{why}, head by head (head size {head_dim})", doubt, op)]
+    return [Virtual(name, parts, f"{why}, {_grouped(sizes, head_dim)}", doubt, op)]
 
 
-def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion,
+def _group_sizes(rows: tuple[int, ...], head_dim: int | None) -> tuple[int, ...] | None:
+    """The rows of each part in one group of a layout stored group by group.
+
+    ``[kv groups, (q heads of the group, k, v), head_dim]``: GPT-NeoX's ``query_key_value``
+    has one q head per group; with grouped-query attention a group holds several.
+    """
+    if head_dim is None:
+        return None
+    groups, left = divmod(rows[-1], head_dim)
+    if left or groups < 1 or any(r % groups for r in rows):
+        return None
+    return tuple(r // groups for r in rows)
+
+
+def _grouped(sizes: tuple[int, ...], head_dim: int) -> str:
+    if len(set(sizes)) == 1:
+        return f"head by head (head size {head_dim})"
+    return f"key/value group by group ({'+'.join(map(str, sizes))} rows, head size {head_dim})"
+
+
+def _split(src: Side, refs: dict[str, TensorRef], fusion: Fusion, dst: Side,
            head: tuple[int | None, str | None]) -> list[Virtual]:
     found = []
     count = len(fusion.parts)
+    model_sizes = _model_rows(dst, fusion) | _part_rows(dst, fusion)  # once: 100k tensors
     for path, tensors in _modules(src).items():
         if _leaf_module(path) not in fusion.fused:
             continue
-        if any(i.kind not in (None, "linear") or not i.shape or i.shape[0] % count
-               for i in tensors.values()):
+        if any(i.kind not in (None, "linear") or not i.shape for i in tensors.values()):
+            continue
+        rows = {i.shape[0] for i in tensors.values()}
+        sizes, doubt = _block_sizes(src, model_sizes, fusion, path, rows.pop()) \
+            if len(rows) == 1 else (None, None)
+        if sizes is None:
             continue
         if _leaf_module(path) in fusion.per_head:
-            found += _split_per_head(refs, tensors, count, head)
+            found += _split_per_head(refs, tensors, sizes, head, doubt)
             continue
-        op = Split(0, count=count)
+        op = Split(0, sizes=sizes)
+        starts = [sum(sizes[:k]) for k in range(count + 1)]
         for leaf, info in tensors.items():
-            rows = info.shape[0] // count
             names = [f"{path}[{k}].{leaf}" for k in range(count)]  # sorted names keep the order
             for k, ref in enumerate(lazy(op, [refs[info.name]])):
                 refs[names[k]] = ref
                 others = tuple(n for n in names if n != names[k]) if fusion.doubt else ()
                 found.append(Virtual(names[k], (info.name,), f"split from {info.name} (rows "
-                                     f"{k * rows}:{(k + 1) * rows})", fusion.doubt, op, k,
-                                     others))
+                                     f"{starts[k]}:{starts[k + 1]})", doubt or fusion.doubt,
+                                     op, k, others))
     return found
 
 
-def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo], count: int,
-                    head: tuple[int | None, str | None]) -> list[Virtual]:
-    """The parts of a fused tensor stored head by head; none when the head size is unknown."""
-    head_dim, doubt = head
-    if head_dim is None or any(i.shape[0] % (count * head_dim) for i in tensors.values()):
+def _block_sizes(src: Side, model_sizes: set[tuple[int, ...]], fusion: Fusion, path: str,
+                 rows: int) -> tuple[tuple[int, ...] | None, str | None]:
+    """The rows of each part of a fused tensor stored part by part, and a doubt if a guess.
+
+    The source's attention head counts decide (a module source); else the model's parts'
+    rows (``model_sizes``), when one set of them adds up (a grouped-query split read by the
+    model's sizes is a guess: the file does not say its head counts); else equal parts.
+    """
+    count = len(fusion.parts)
+    stated = _qkv_rows(src, path.rpartition(".")[0]) if fusion.attention else None
+    if stated is not None:
+        return (stated, None) if sum(stated) == rows else (None, None)
+    wanted = {sizes for sizes in model_sizes if sum(sizes) == rows}
+    if len(wanted) == 1:
+        sizes = wanted.pop()
+        return sizes, None if len(set(sizes)) == 1 else (
+            "the checkpoint does not say its head counts; its fused q, k, v were split by the "
+            f"model's sizes {list(sizes)}")
+    if wanted or rows % count:
+        return None, None
+    return (rows // count,) * count, None
+
+
+def _part_rows(dst: Side, fusion: Fusion) -> set[tuple[int, ...]]:
+    """The rows of the model's unfused parts (its q, k, v weights), one tuple per module."""
+    by_parent: dict[str, dict[int, int]] = {}
+    for path, tensors in _modules(dst).items():
+        parent, _, leaf = path.rpartition(".")
+        for k, names in enumerate(fusion.parts):
+            if leaf in names and "weight" in tensors and tensors["weight"].shape:
+                by_parent.setdefault(parent, {})[k] = tensors["weight"].shape[0]
+    return {tuple(rows[k] for k in range(len(fusion.parts))) for rows in by_parent.values()
+            if len(rows) == len(fusion.parts)}
+
+
+def _split_per_head(refs: dict[str, TensorRef], tensors: dict[str, TensorInfo],
+                    rows: tuple[int, ...], head: tuple[int | None, str | None],
+                    doubt: str | None) -> list[Virtual]:
+    """The parts of a fused tensor stored head by head (or key/value group by group).
+
+    ``rows``: the rows of each part in all; none when the head size is unknown.
+    """
+    head_dim, head_doubt = head
+    sizes = _group_sizes(rows, head_dim)
+    if head_dim is None or sizes is None:
         return []
     found = []
-    op = Deinterleave((head_dim,) * count)
+    op = Deinterleave(sizes)
     for leaf, info in tensors.items():
         for k, ref in enumerate(lazy(op, [refs[info.name]])):
             name = f"{info.module}[{k}].{leaf}"
             refs[name] = ref
-            found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k} of each "
-                                                     f"head, head size {head_dim})", doubt, op, k))
+            found.append(Virtual(name, (info.name,), f"split from {info.name} (part {k}, "
+                                                     f"{_grouped(sizes, head_dim)})",
+                                 head_doubt or doubt, op, k))
     return found
 
 
@@ -242,12 +336,12 @@ def _virtual_for(fusion: Fusion, src: Side, refs: dict[str, TensorRef], dst: Sid
     names, parts = fusion.fused, frozenset().union(*fusion.parts)
     if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
         per_head = not in_dst.isdisjoint(fusion.per_head)
-        return _fitting(fusion, _fuse(src, refs, fusion, head_dim_of(src, dst)
+        return _fitting(fusion, _fuse(src, refs, fusion, dst, head_dim_of(src, dst)
                                       if per_head else None), refs, dst, names)
     if (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
             and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
-        return _fitting(fusion, _split(src, refs, fusion, head_dim_of(src, dst)), refs, dst,
-                        parts)
+        return _fitting(fusion, _split(src, refs, fusion, dst, head_dim_of(src, dst)), refs,
+                        dst, parts)
     return []
 
 
@@ -278,5 +372,7 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
     for v in virtual:
         meta = refs[v.name].meta
         tensors[v.name] = TensorInfo(v.name, meta.shape, meta.dtype, src.tensors[v.parts[0]].kind)
-    side = Side(tensors, order, format=src.format, head_dims=src.head_dims, ordered=src.ordered)
+    family_of(src)  # the naming family is the stored names', not the virtual ones'
+    side = Side(tensors, order, format=src.format, head_dims=src.head_dims,
+                head_counts=src.head_counts, ordered=src.ordered, facts=dict(src.facts))
     return side, virtual

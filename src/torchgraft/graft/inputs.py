@@ -37,13 +37,19 @@ def _find(config: Config, *keys: str) -> Any:
     return None
 
 
+#: Contexts up to this long are generated whole: CLIP's text context.
+_FULL_CONTEXT = 77
+
+
 def _tokens(config: Config, generator: torch.Generator) -> torch.Tensor | None:
     vocab = _find(config, "vocab_size", "n_vocab")
     if not isinstance(vocab, int):
         return None
     limit = _find(config, "max_position_embeddings", "n_positions", "max_target_positions",
                   "n_ctx", "context_length")
-    length = min(8, limit) if isinstance(limit, int) else 8
+    # a short context is filled (OpenAI's CLIP takes exactly its 77 positions); a long one is
+    # sampled with 8 tokens
+    length = limit if isinstance(limit, int) and limit <= _FULL_CONTEXT else 8
     return torch.randint(0, vocab, (1, length), generator=generator)
 
 

@@ -12,12 +12,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .bare import transposed as bare_transposed
 from .conventions import ROTARY_ORDERS
 from .rules import Rule
 from .sides import Side, TensorInfo
 
-__all__ = ["CONV_1X1", "GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF",
-           "PADDLE", "ROTARY",
+__all__ = ["BARE_PROJECTIONS", "CLIP_HF_TO_OPENAI", "CLIP_OPENAI_TO_HF", "CONV_1X1",
+           "GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "ROTARY",
            "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
            "Layout", "RotaryRows", "family_of", "layouts_for", "mark_file_kinds",
            "rotary_warning"]
@@ -33,10 +34,13 @@ class RotaryRows:
     Attributes:
         targets: Target keys (after renames) whose rows must be permuted.
         to_meta: Permute from transformers' order to Meta's (else the reverse).
+        fused: Target keys of a fused ``[Q; K; V]`` (gpt-fast's ``wqkv``): only the q and k
+            rows are permuted, counted from the attention module's head counts.
     """
 
     targets: re.Pattern[str]
     to_meta: bool
+    fused: re.Pattern[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,9 +170,12 @@ def mark_file_kinds(side: Side) -> Side:
 
 
 # Name families: the same architecture written by two code bases.
-_FAMILIES = {
+_FAMILIES = {  # first match wins: transformers' CLIP has Llama's attention names
+    "transformers-clip": re.compile(
+        r"^(text_model|vision_model)\.encoder\.layers\.\d+\.self_attn\.q_proj\.weight$"),
+    "openai-clip": re.compile(r"^(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$"),
     "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
-    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq\.weight$"),
+    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$"),
     "transformers-vit": re.compile(
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
     "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
@@ -183,7 +190,9 @@ _ROTARY_FAMILIES = frozenset(ROTARY_ORDERS)
 _GATED = re.compile(r"(^|\.)(mlp\.gate_proj|feed_forward\.w1|mlp\.gate_up_proj|mlp\.w1)\.weight$")
 #: transformers' Llama module paths and Meta's (torchtune's _FROM_META), ``{n}`` a layer number,
 #: and whether transformers keeps the path under ``model.``. Both directions' renames come from
-#: this one table.
+#: this one table. gpt-fast names Meta's way with q, k and v fused in ``wqkv`` (``[Q; K; V]``):
+#: transformers' q, k, v fused (``{q_proj,k_proj,v_proj}``) are its ``wqkv``, and the parts of
+#: its ``wqkv`` split (``wqkv[0]``...) are transformers' q, k, v.
 _LLAMA_PATHS = (
     ("embed_tokens", "tok_embeddings", True),
     ("norm", "norm", True),
@@ -192,6 +201,10 @@ _LLAMA_PATHS = (
     ("layers.{n}.self_attn.k_proj", "layers.{n}.attention.wk", True),
     ("layers.{n}.self_attn.v_proj", "layers.{n}.attention.wv", True),
     ("layers.{n}.self_attn.o_proj", "layers.{n}.attention.wo", True),
+    ("layers.{n}.self_attn.{q_proj,k_proj,v_proj}", "layers.{n}.attention.wqkv", True),
+    ("layers.{n}.self_attn.q_proj", "layers.{n}.attention.wqkv[0]", True),
+    ("layers.{n}.self_attn.k_proj", "layers.{n}.attention.wqkv[1]", True),
+    ("layers.{n}.self_attn.v_proj", "layers.{n}.attention.wqkv[2]", True),
     ("layers.{n}.mlp.gate_proj", "layers.{n}.feed_forward.w1", True),
     ("layers.{n}.mlp.down_proj", "layers.{n}.feed_forward.w2", True),
     ("layers.{n}.mlp.up_proj", "layers.{n}.feed_forward.w3", True),
@@ -200,22 +213,33 @@ _LLAMA_PATHS = (
 )
 
 
+#: Places in a path template: a block number, and a tensor's leaf (``in_proj_{leaf}``).
+_PLACES = {"{n}": r"(\d+)", "{leaf}": r"(weight|bias)"}
+
+
+def _template_rule(source: str, target: str, prefix: str = "") -> Rule:
+    """A rule from one path template to another (:data:`_PLACES` in both).
+
+    A template ending in ``.`` renames a module (whatever follows is kept); any other names
+    one key.
+    """
+    pattern, replacement = re.escape(source), target
+    places = sorted((place for place in _PLACES if place in source), key=source.find)
+    for group, place in enumerate(places, 1):
+        pattern = pattern.replace(re.escape(place), _PLACES[place])
+        replacement = replacement.replace(place, f"\\{group}")
+    return Rule("^" + prefix + pattern + ("" if source.endswith(".") else "$"), replacement)
+
+
 def _llama_renames(*, to_meta: bool) -> tuple[Rule, ...]:
     """The renames from one Llama naming family to the other, from :data:`_LLAMA_PATHS`."""
-    def pattern(path: str) -> str:
-        return re.escape(path).replace(r"\{n\}", r"(\d+)") + r"\."
-
-    def replacement(path: str) -> str:
-        return path.replace("{n}", r"\1") + "."
-
     rules = []
     for hf, meta, under_model in _LLAMA_PATHS:
         if to_meta:
-            prefix = r"(?:model\.)?" if under_model else ""
-            rules.append(Rule("^" + prefix + pattern(hf), replacement(meta)))
+            rules.append(_template_rule(hf + ".", meta + ".",
+                                        r"(?:model\.)?" if under_model else ""))
         else:
-            prefix = "model." if under_model else ""
-            rules.append(Rule("^" + pattern(meta), prefix + replacement(hf)))
+            rules.append(_template_rule(meta + ".", ("model." if under_model else "") + hf + "."))
     return tuple(rules)
 
 
@@ -252,11 +276,59 @@ LLAMA_META_TO_HF = Layout(
     renames=_llama_renames(to_meta=False),
 )
 
+#: transformers' CLIP paths and OpenAI's (open_clip's ``CLIP``; ``{n}`` a block number,
+#: ``{leaf}`` weight or bias), as transformers' convert_clip_original_pytorch_to_hf maps them.
+#: Bare parameters stand for embeddings and projections (:mod:`.bare`); the fused q, k, v of
+#: ``nn.MultiheadAttention`` are transformers' q, k, v fused (``{q_proj,k_proj,v_proj}``) or,
+#: split (``in_proj[0]``...), its q, k, v.
+_CLIP_PATHS: tuple[tuple[str, str], ...] = (
+    ("text_model.embeddings.token_embedding.", "token_embedding."),
+    ("text_model.embeddings.position_embedding.weight", "positional_embedding"),
+    ("text_model.final_layer_norm.", "ln_final."),
+    ("text_projection.weight", "text_projection"),
+    ("vision_model.embeddings.class_embedding", "visual.class_embedding"),
+    ("vision_model.embeddings.position_embedding.weight", "visual.positional_embedding"),
+    ("vision_model.embeddings.patch_embedding.", "visual.conv1."),
+    ("vision_model.pre_layrnorm.", "visual.ln_pre."),
+    ("vision_model.post_layernorm.", "visual.ln_post."),
+    ("visual_projection.weight", "visual.proj"),
+    *((f"{hf}.encoder.layers.{{n}}.{hf_block}", f"{openai}transformer.resblocks.{{n}}.{block}")
+      for hf, openai in (("text_model", ""), ("vision_model", "visual."))
+      for hf_block, block in (
+          ("layer_norm1.", "ln_1."), ("layer_norm2.", "ln_2."),
+          ("self_attn.out_proj.", "attn.out_proj."), ("mlp.fc1.", "mlp.c_fc."),
+          ("mlp.fc2.", "mlp.c_proj."),
+          ("self_attn.{q_proj,k_proj,v_proj}.{leaf}", "attn.in_proj_{leaf}"),
+          ("self_attn.q_proj.", "attn.in_proj[0]."), ("self_attn.k_proj.", "attn.in_proj[1]."),
+          ("self_attn.v_proj.", "attn.in_proj[2]."))),
+)
+
+CLIP_HF_TO_OPENAI = Layout(
+    name="transformers-clip->openai-clip",
+    applies=_between("transformers-clip", "openai-clip"),
+    renames=tuple(_template_rule(hf, openai) for hf, openai in _CLIP_PATHS),
+)
+
+CLIP_OPENAI_TO_HF = Layout(
+    name="openai-clip->transformers-clip",
+    applies=_between("openai-clip", "transformers-clip"),
+    renames=tuple(_template_rule(openai, hf) for hf, openai in _CLIP_PATHS),
+)
+
+
+BARE_PROJECTIONS = Layout(
+    name="bare [in, out] projections",
+    applies=lambda src, dst: any(len(info.shape) == 2 and not name.endswith("weight")
+                                 for side in (src, dst) for name, info in side.tensors.items()),
+    transposed=bare_transposed,
+    why="a bare projection parameter is stored [in, out] (x @ W), a Linear's weight [out, in]",
+)
+
 #: Between two rotary families of different row orders (:data:`.conventions.ROTARY_ORDERS`),
 #: the target's q and k rows are reordered into its family's order.
 ROTARY = tuple(
     Layout(name=f"{source}->{target} rotary rows", applies=_between(source, target),
-           rotary=RotaryRows(order.rows, to_meta=order.interleaved))
+           rotary=RotaryRows(order.rows, to_meta=order.interleaved, fused=order.fused))
     for source, target in itertools.permutations(ROTARY_ORDERS, 2)
     if ROTARY_ORDERS[source].interleaved != (order := ROTARY_ORDERS[target]).interleaved)
 
@@ -325,7 +397,7 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
 LAYOUTS = (PADDLE, GPT2_CONV1D, CONV_1X1, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY,
-           VIT_HF_TO_TIMM,
+           CLIP_HF_TO_OPENAI, CLIP_OPENAI_TO_HF, BARE_PROJECTIONS, VIT_HF_TO_TIMM,
            QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
 
 

@@ -297,24 +297,29 @@ class RotaryRows:
     Meta's reference Llama keeps each head's rotary pairs side by side (rows 0,1 are a pair);
     transformers' stores the two halves of each head apart (row i pairs with row i + d/2), as
     its conversion script's ``permute`` makes them. ``to_halves`` goes from pairs to halves
-    (Meta's -> transformers'); the inverse goes back.
+    (Meta's -> transformers'); the inverse goes back. ``rows``: only the first rows are heads
+    with rotary (the q and k of a fused ``[Q; K; V]``); the rest (v) stay as they are.
     """
 
     head_dim: int
     to_halves: bool
+    rows: int | None = None
 
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The rows in the other order."""
         tensor = tensors[0]
         self.shapes([tuple(tensor.shape)])
+        rows = tensor.shape[0] if self.rows is None else self.rows
         half = (self.head_dim // 2, 2) if self.to_halves else (2, self.head_dim // 2)
-        heads = tensor.shape[0] // self.head_dim
-        return [tensor.reshape(heads, *half, -1).transpose(1, 2).reshape(tensor.shape)]
+        rotary = tensor[:rows].reshape(rows // self.head_dim, *half, -1).transpose(1, 2)
+        return [torch.cat([rotary.reshape(rows, *tensor.shape[1:]), tensor[rows:]])]
 
     def shapes(self, shapes: Sequence[Shape]) -> list[Shape]:
         """The same shape."""
         shape = _one(self, shapes)
-        if self.head_dim < 2 or self.head_dim % 2 or not shape or shape[0] % self.head_dim:
+        rows = shape[0] if shape and self.rows is None else self.rows
+        if self.head_dim < 2 or self.head_dim % 2 or not shape or rows is None or \
+                rows % self.head_dim or not 0 < rows <= shape[0]:
             raise _misfit(self, shapes, f"its rows are not heads of an even size "
                                         f"{self.head_dim}")
         return [shape]
@@ -322,12 +327,13 @@ class RotaryRows:
     def inverse(self, shapes: Sequence[Shape]) -> TensorOp:
         """The other way."""
         self.shapes(shapes)
-        return RotaryRows(self.head_dim, not self.to_halves)
+        return RotaryRows(self.head_dim, not self.to_halves, self.rows)
 
     def describe(self) -> str:
         """Text for reports."""
         way = "pairs -> halves" if self.to_halves else "halves -> pairs"
-        return f"rotary rows of each head reordered ({way}, head size {self.head_dim})"
+        which = "" if self.rows is None else f" of the first {self.rows} rows"
+        return f"rotary rows of each head{which} reordered ({way}, head size {self.head_dim})"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
+from .head_sizes import head_counts_of
 
 __all__ = ["MODULE_KINDS", "Side", "TensorInfo", "call_order", "looks_sorted", "module_side",
            "module_tensors", "natural_key", "quantized_modules", "run_model", "state_tensors",
@@ -66,6 +67,8 @@ class Side:
         ties: Key to the first key holding the very same tensor (tied weights), for keys
             after the first.
         head_dims: Module path to its attention ``head_dim``, for modules that say it.
+        head_counts: Module path to its attention's (query heads, key/value heads), for
+            modules that say them (:data:`~torchgraft.graft.head_sizes.HEAD_COUNT_ATTRIBUTES`).
         ordered: Whether ``order`` is a real order of definition or use.
         facts: What was derived from the names once and is asked again (the naming family):
             scanning 100k names per question would cost seconds.
@@ -76,6 +79,7 @@ class Side:
     format: str | None = None
     ties: dict[str, str] = field(default_factory=dict)
     head_dims: dict[str, int] = field(default_factory=dict)
+    head_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     ordered: bool = True
     facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -228,24 +232,38 @@ def _attribute(module: nn.Module, name: str) -> Any:
     return getattr(module, name) if hasattr(type(module), name) else None
 
 
+@dataclass
+class _Heads:
+    """What attention modules say of their heads: sizes and counts, by module path."""
+
+    dims: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, path: str, module: nn.Module) -> None:
+        head_dim = _attribute(module, "head_dim")
+        if head_dim is None:
+            head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention
+        if isinstance(head_dim, int):
+            self.dims[path] = head_dim
+            counts = head_counts_of(module)  # attention modules only: few
+            if counts is not None:
+                self.counts[path] = counts
+
+
 def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
                modules: Sequence[tuple[str, nn.Module]] | None = None,
-               ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
-    """Infos with module kinds, and attention head sizes, from one walk of the modules."""
+               ) -> tuple[dict[str, TensorInfo], _Heads]:
+    """Infos with module kinds, and attention heads, from one walk of the modules."""
     kinds: dict[str, str] = {}
-    head_dims: dict[str, int] = {}
+    heads = _Heads()
     for path, module in model.named_modules() if modules is None else modules:
         kind = MODULE_KINDS.get(_class_name(type(module)))
         if kind is not None:
             for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind
-        head_dim = _attribute(module, "head_dim")
-        if head_dim is None:
-            head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention
-        if isinstance(head_dim, int):
-            head_dims[path] = head_dim
+        heads.add(path, module)
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
-            for name, t in tensors.items()}, head_dims
+            for name, t in tensors.items()}, heads
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -334,8 +352,8 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
         Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
     tensors = state_tensors(model) if tensors is None else tensors
-    infos, head_dims = _described(model, tensors, modules)
+    infos, heads = _described(model, tensors, modules)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
-    return Side(infos, order, ties=tied_keys(tensors),
-                head_dims=head_dims)
+    return Side(infos, order, ties=tied_keys(tensors), head_dims=heads.dims,
+                head_counts=heads.counts)

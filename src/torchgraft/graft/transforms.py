@@ -32,9 +32,11 @@ from .adapt import (
     UnitOffset,
     label_pairs,
 )
+from .bare import unknown_orientation
 from .conventions import CONVENTIONS, role_of
 from .evidence import NAME_STEPS, Evidence, Guess, MatchStep
 from .glu import halves_between
+from .head_sizes import owner_of
 from .layouts import Layout
 from .norms import NormOffsets
 from .planning import REINITIALISED, Plan, PlanStep
@@ -81,18 +83,23 @@ def fits_for(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bo
 
 
 def _rotary(target: str, dst: Side, layouts: Sequence[Layout]) -> RotaryPermute | str | None:
-    """The rotary permutation a target tensor needs; a reason when its head size is unknown."""
+    """The rotary permutation a target tensor needs; a reason when its heads are unknown."""
     for layout in layouts:
-        if layout.rotary is None or not layout.rotary.targets.search(target):
+        rotary = layout.rotary
+        if rotary is None:
             continue
-        module = target
-        while module:
-            module = module.rpartition(".")[0]
-            if module in dst.head_dims:
-                return RotaryPermute(dst.head_dims[module], layout.rotary.to_meta)
-        return (f"Cannot load '{target}': its rotary rows are in {layout.name.split('->')[0]}'s "
-                "order and the model says no head_dim to reorder them by (give its attention "
-                "module a head_dim attribute).")
+        fused = rotary.fused is not None and rotary.fused.search(target) is not None
+        if not fused and not rotary.targets.search(target):
+            continue
+        owner = owner_of(target, dst.head_dims)
+        counts = dst.head_counts.get(owner[0]) if owner else None
+        if owner is None or (fused and counts is None):
+            return (f"Cannot load '{target}': its rotary rows are in "
+                    f"{layout.name.split('->')[0]}'s order and the model says no "
+                    f"{'head counts' if owner else 'head_dim'} to reorder them by (give its "
+                    "attention module head_dim, n_head and n_local_heads attributes).")
+        rows = (counts[0] + counts[1]) * owner[1] if fused and counts else None
+        return RotaryPermute(owner[1], rotary.to_meta, rows)
     return None
 
 
@@ -210,6 +217,24 @@ def _ops(target: str, source: str, src: TensorInfo, dst: TensorInfo,
     return ops, dtype, _rotary(target, options.dst, options.layouts)
 
 
+def _pair_guess(source: str, infos: tuple[TensorInfo, TensorInfo],
+                rotary: RotaryPermute | None, options: Options) -> Guess | None:
+    """What the pair's own layout leaves a guess.
+
+    A square bare parameter's orientation against a Linear's weight, or rotary rows reordered
+    with the model's head size.
+    """
+    if unknown_orientation(*infos):
+        return Guess((f"{source} (as stored)", f"{source} (transposed)"),
+                     "a square bare parameter against a Linear's weight: neither its name nor "
+                     "its shape says whether it is stored [out, in] or [in, out] (x @ W)")
+    if isinstance(rotary, RotaryPermute) and not options.source_heads:
+        return Guess((f"{source} read with another head count",),
+                     "the checkpoint does not say its head count; its rotary rows were "
+                     "reordered with the model's head size")
+    return None
+
+
 def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo,
            options: Options) -> None:
     """Add the step that fills ``target`` from ``source``, or say why it cannot be filled.
@@ -247,10 +272,7 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         ops.append(op)
     conventions, guess = _conventions(source, target, options)
     cast = "" if dtype == dst.dtype else f"{dtype_name(dtype)}->{dtype_name(dst.dtype)}"
-    if isinstance(rotary, RotaryPermute) and not options.source_heads:
-        guess = Guess((f"{source} read with another head count",),
-                      "the checkpoint does not say its head count; its rotary rows were "
-                      "reordered with the model's head size")
+    guess = _pair_guess(source, (src, dst), rotary, options) or guess
     if guess is not None and target not in plan.guesses:
         plan.guesses[target] = guess
     plan.steps.append(PlanStep(target, source, how, (*ops, *conventions), cast,

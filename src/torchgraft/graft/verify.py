@@ -97,12 +97,38 @@ def _recorder(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[Any]]:
     return seen, [m.register_forward_hook(hook) for m in model.modules()]
 
 
+def _tensors(output: Any) -> tuple[torch.Tensor, ...]:
+    """The tensors a module returned at the top level (a tuple's, a ModelOutput's)."""
+    if isinstance(output, torch.Tensor):
+        return (output,)
+    values = output.values() if isinstance(output, Mapping) else output
+    if not isinstance(values, (list, tuple)) and not isinstance(output, Mapping):
+        return ()
+    return tuple(value for value in values if isinstance(value, torch.Tensor))
+
+
 @dataclass(frozen=True)
 class Run:
-    """One forward pass: the output compared, and every module's first output by path."""
+    """One forward pass: the output compared, and every module's first output by path.
+
+    Attributes:
+        output: The first output tensor.
+        seen: Each module's first output tensor, by path, in call order.
+        outputs: Every tensor returned at the top level (code bases order them differently:
+            transformers' CLIP returns logits first, OpenAI's CLIP the image features).
+    """
 
     output: torch.Tensor
     seen: dict[str, torch.Tensor]
+    outputs: tuple[torch.Tensor, ...] = ()
+
+    def like(self, other: torch.Tensor) -> torch.Tensor | None:
+        """The output to compare with ``other``: the first, else the closest of its shape."""
+        if self.output.shape == other.shape:
+            return self.output
+        alike = [t for t in self.outputs if t.shape == other.shape and t.is_floating_point()]
+        return min(alike, key=lambda t: float((t.double() - other.double().to(t.device))
+                                              .abs().max()), default=None)
 
 
 def run_recorded(model: nn.Module, inputs: Any) -> Run:
@@ -134,7 +160,7 @@ def run_recorded(model: nn.Module, inputs: Any) -> Run:
         model.train(training)
         for handle in handles:
             handle.remove()
-    return Run(first_tensor(output), seen)
+    return Run(first_tensor(output), seen, _tensors(output))
 
 
 def differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> float | None:
@@ -163,15 +189,20 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
     Returns:
         The comparison.
 
+    Where the first outputs' shapes differ (code bases order their outputs differently), the
+    model's first output is compared with the source's output of its shape that is closest to
+    it: a wrong graft is still caught, as it matches none of them.
+
     Raises:
-        TorchgraftError: If the outputs' shapes differ.
+        TorchgraftError: If no output of the source has the shape of the model's.
     """
     first = source if isinstance(source, Run) else run_recorded(source, source_inputs)
     second = run_recorded(target, target_inputs)
-    a, seen_a, b, seen_b = first.output, first.seen, second.output, second.seen
-    if a.shape != b.shape:
-        raise TorchgraftError(f"cannot compare outputs of shapes {tuple(a.shape)} and "
-                              f"{tuple(b.shape)}")
+    like, seen_a, b, seen_b = first.like(second.output), first.seen, second.output, second.seen
+    if like is None:
+        raise TorchgraftError(f"cannot compare outputs of shapes {tuple(first.output.shape)} "
+                              f"and {tuple(b.shape)}")
+    a = like
     diff = float((a.double() - b.double().to(a.device)).abs().max()) if a.numel() else 0.0
     tolerance = rtol * float(a.double().abs().max()) if a.numel() else 0.0
     divergence, unit = None, None

@@ -7,36 +7,14 @@ cases where nothing the source holds can decide, so UNVERIFIED is the right verd
 
 from __future__ import annotations
 
-#: Why a pair fails today: what the engine lacks.
-GAPS = {
-    "transformers Llama -> gpt-fast Llama":
-        "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not fused from q/k/v, "
-        "with Meta's rotary order; sorted: embed and output ambiguous",
-    "gpt-fast Llama -> transformers Llama":
-        "engine: gpt-fast's fused wqkv ([Q; K; V], fewer K/V heads) is not split, nor its "
-        "rotary rows reordered",
-    "open_clip CLIP (OpenAI layout) -> transformers CLIP":
-        "engine: OpenAI-layout CLIP: nn.MultiheadAttention's in_proj_weight/bias not split "
-        "to q/k/v; bare parameters (positional_embedding, class_embedding) and [in, out] "
-        "projections (text_projection, visual.proj) not matched",
-    "transformers CLIP -> open_clip CLIP (OpenAI layout)":
-        "engine: q/k/v not fused into nn.MultiheadAttention's in_proj_weight/bias; bare "
-        "parameters and [in, out] projections not matched",
-}
+#: Why a pair fails today: what the engine lacks (no pair does).
+GAPS: dict[str, str] = {}
 
 #: Why a broken twin is reported ok today: by twin, or by ``twin/flavour`` (none is).
 TWIN_GAPS: dict[str, str] = {}
 
-_FAILING: dict[str, tuple[str, ...]] = {
-    "transformers Llama -> gpt-fast Llama":
-        ("module", "pt", "safetensors", "pretrained"),
-    "gpt-fast Llama -> transformers Llama":
-        ("module", "pt", "safetensors"),
-    "open_clip CLIP (OpenAI layout) -> transformers CLIP":
-        ("module", "pt", "safetensors"),
-    "transformers CLIP -> open_clip CLIP (OpenAI layout)":
-        ("module", "pt", "safetensors", "pretrained"),
-}
+_FAILING: dict[str, tuple[str, ...]] = {}
+
 
 def _reason(pair: str, case: str) -> str:
     if "/" not in case:
@@ -61,6 +39,7 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ROTARY_HEADS
     for pair in ("transformers Llama -> Meta Llama", "Meta Llama -> transformers Llama",
+                 "transformers Llama -> gpt-fast Llama", "gpt-fast Llama -> transformers Llama",
                  "transformers Llama -> torchtune Llama", "torchtune Llama -> transformers Llama")
     for flavour in ("pt", "safetensors")}
 
@@ -79,7 +58,9 @@ _ASSUMED_BOTH = f"{_ASSUMED_HEADS}; and {_ASSUMED_SIBLINGS}"
 UNDECIDABLE |= {
     (pair, flavour): _ASSUMED_HEADS
     for pair in ("transformers GPT-2 -> nanoGPT", "nanoGPT -> transformers GPT-2",
-                 "transformers ViT -> timm ViT")
+                 "transformers ViT -> timm ViT",
+                 "open_clip CLIP (OpenAI layout) -> transformers CLIP",
+                 "transformers CLIP -> open_clip CLIP (OpenAI layout)")
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ASSUMED_HEADS
     for pair in ("openai-whisper -> transformers Whisper",
