@@ -567,6 +567,13 @@ def make_orbax() -> None:
 
 # --- MLX ------------------------------------------------------------------------------------
 
+#: The tiny mlx-lm Llama both MLX fixtures are written from.
+_MLX_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 64}
+
+
 def make_mlx() -> None:
     """An mlx-lm quantized Llama and an MLX CNN, saved by MLX's own functions.
 
@@ -581,10 +588,7 @@ def make_mlx() -> None:
     out = OUT / "mlx"
     out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(0)
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    config = dict(_MLX_LLAMA)  # quantize_model adds its settings to the dict
     model = llama.Model(llama.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
@@ -650,10 +654,7 @@ def make_mlx_modes() -> None:
 
     out = OUT / "mlx"
     mx.random.seed(1)
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "rms_norm_eps": 1e-6, "vocab_size": 64, "rope_theta": 10000.0,
-              "tie_word_embeddings": False, "max_position_embeddings": 64}
+    config = dict(_MLX_LLAMA)  # quantize_model adds its settings to the dict
     model = llama.Model(llama.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     ids = mx.array([[1, 5, 9, 2, 33, 60, 7, 12]])
