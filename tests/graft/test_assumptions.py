@@ -99,6 +99,19 @@ def test_a_config_beside_the_file_states_the_head_count(tmp_path: Path) -> None:
     assert "its config.json states 4 heads, not the model's" in twin.assumptions[0].why
 
 
+
+def test_a_config_nested_too_deep_states_nothing(tmp_path: Path) -> None:
+    """A config.json bomb beside the file: no raw RecursionError, and nothing it could state."""
+    path, expected = _nanogpt(tmp_path)
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    target = _gpt2()
+    report = tg.graft(path, target)
+    assert report.verdict == "unverified" and report.assumptions
+    assert any("nested too deep" in w for w in report.warnings)
+    torch.testing.assert_close(_logits(target), expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(tg.TorchgraftError, match="nested too deep"):  # verification asked for
+        tg.graft(path, _gpt2(), verify=True)
+
 def test_a_graft_within_one_code_base_stays_ok(tmp_path: Path) -> None:
     """Every key by name, no layout between code bases: as load_state_dict would."""
     torch.manual_seed(0)

@@ -106,6 +106,9 @@ def read_config(folder: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise TorchgraftError(f"config.json is not valid JSON: {exc}", path=path) from None
+    except RecursionError:
+        raise TorchgraftError("config.json is nested too deep to be a model's config",
+                              path=path) from None
     return data if isinstance(data, dict) else None
 
 
