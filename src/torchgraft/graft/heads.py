@@ -137,8 +137,9 @@ def model_heads(model: nn.Module) -> Counts:
     configs: dict[int, Any] = {}
     for module in model.modules():
         attributes = vars(module)
-        _gather(found, ((name, attributes[name]) for name in HEAD_ATTRIBUTES
-                        if name in attributes))
+        if not HEAD_ATTRIBUTES.keys().isdisjoint(attributes):
+            _gather(found, ((name, attributes[name]) for name in HEAD_ATTRIBUTES
+                            if name in attributes))
         config = attributes.get("config")
         if config is not None:
             configs.setdefault(id(config), config)
@@ -149,7 +150,7 @@ def model_heads(model: nn.Module) -> Counts:
 
 def states_heads(model: nn.Module) -> bool:
     """Whether a module of the model states head counts of its own (not through a config)."""
-    return any(name in vars(module) for module in model.modules() for name in HEAD_ATTRIBUTES)
+    return any(not HEAD_ATTRIBUTES.keys().isdisjoint(vars(module)) for module in model.modules())
 
 
 def _text(counts: Counts) -> str:

@@ -53,14 +53,25 @@ def norm_offsets(model: nn.Module) -> dict[str, float | None]:
     """
     found: dict[str, float | None] = {}
     for path, module in model.named_modules():
-        cls = next(c for c in type(module).__mro__  # FSDP2's FSDPGemmaRMSNorm: GemmaRMSNorm
-                   if not c.__module__.startswith("torch.distributed.fsdp"))
-        if "norm" not in cls.__name__.lower() or not isinstance(
-                getattr(module, "weight", None), torch.Tensor):
+        cls = _norm_class(type(module))
+        if cls is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
             continue
         found[path] = (1.0 if cls.__name__ in UNIT_OFFSET else
                        0.0 if cls.__module__.startswith(KNOWN_CODEBASES) else None)
     return found
+
+
+#: A module class to its own norm class, or ``None`` when it is no norm (found once per class).
+_NORM_CLASSES: dict[type, type | None] = {}
+
+
+def _norm_class(cls: type) -> type | None:
+    """The norm class a module class is (FSDP2's FSDPGemmaRMSNorm: GemmaRMSNorm), if any."""
+    if cls not in _NORM_CLASSES:
+        own = next(c for c in cls.__mro__
+                   if not c.__module__.startswith("torch.distributed.fsdp"))
+        _NORM_CLASSES[cls] = own if "norm" in own.__name__.lower() else None
+    return _NORM_CLASSES[cls]
 
 
 @dataclass(frozen=True)
