@@ -10,6 +10,7 @@ channels) and dequantisation lose information and have none.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -44,6 +45,18 @@ def fresh_values(current: torch.Tensor, init: Init) -> torch.Tensor:
     return torch.zeros_like(current)
 
 
+class _Reversible(ABC):
+    """An adaptation that is one reversible operation: applying it runs that operation."""
+
+    @abstractmethod
+    def reversible(self) -> ops.TensorOp:
+        """The reversible operation it is."""
+
+    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """The stored tensor in the target's layout."""
+        return self.reversible().apply([tensor])[0]
+
+
 @dataclass(frozen=True)
 class Dequantize:
     """The source is quantized (``qint8``...); the target holds its float values."""
@@ -60,14 +73,10 @@ class Dequantize:
 
 
 @dataclass(frozen=True)
-class Transpose:
+class Transpose(_Reversible):
     """The source stores this weight transposed (another framework's layout)."""
 
     why: str
-
-    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """Transpose a 2-D weight."""
-        return self.reversible().apply([tensor])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is."""
@@ -83,15 +92,11 @@ class Transpose:
 
 
 @dataclass(frozen=True)
-class Permute:
+class Permute(_Reversible):
     """The source stores this weight's axes in another order (another framework's layout)."""
 
     why: str
     dims: tuple[int, ...]
-
-    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """Put the axes in the target's order (``torch.permute``)."""
-        return self.reversible().apply([tensor])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is."""
@@ -107,7 +112,7 @@ class Permute:
 
 
 @dataclass(frozen=True)
-class Reshape:
+class Reshape(_Reversible):
     """The source stores this weight with other unit dimensions.
 
     A 1x1 convolution's weight ``[out, in, 1, 1]`` is a Linear's ``[out, in]``.
@@ -115,10 +120,6 @@ class Reshape:
 
     why: str
     to: tuple[int, ...]
-
-    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """The tensor in the target's shape (a view)."""
-        return self.reversible().apply([tensor])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is."""
@@ -134,14 +135,10 @@ class Reshape:
 
 
 @dataclass(frozen=True)
-class PartsReversed:
+class PartsReversed(_Reversible):
     """A fused gated projection stored with its halves the other way round (``[up; gate]``)."""
 
     why: str
-
-    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """The tensor with its two halves exchanged."""
-        return self.reversible().apply([tensor])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is."""
@@ -259,7 +256,7 @@ class Rows:
 
 
 @dataclass(frozen=True)
-class RotaryPermute:
+class RotaryPermute(_Reversible):
     """Reorder each attention head's rows between transformers' and Meta's rotary layouts.
 
     transformers' Llama conversion stores each head's rows as ``view(heads, head_dim // 2, 2,
@@ -270,10 +267,6 @@ class RotaryPermute:
     head_dim: int
     to_meta: bool
     rows: int | None = None
-
-    def apply(self, tensor: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
-        """Return the tensor with its rows in the target's rotary order."""
-        return self.reversible().apply([tensor])[0]
 
     def reversible(self) -> ops.TensorOp:
         """The reversible operation it is: Meta's order keeps each head's pairs together."""
