@@ -135,9 +135,9 @@ class _WithConfig(nn.Module):
 
 
 def test_head_counts_are_read_through_one_table() -> None:
-    assert model_heads(_WithConfig()) == {"heads": frozenset({8}), "kv heads": frozenset({2}),
-                                          "head size": frozenset({8})}
-    assert model_heads(nn.Linear(2, 2)) == {}
+    assert model_heads(_WithConfig())[0] == {
+        "heads": frozenset({8}), "kv heads": frozenset({2}), "head size": frozenset({8})}
+    assert model_heads(nn.Linear(2, 2)) == ({}, False)
     assert config_heads({"architecture": "vit", "model_args": {"num_heads": 4}}) == {
         "heads": frozenset({4})}
     assert config_heads({"text_config": {"num_attention_heads": 8, "num_key_value_heads": 2},

@@ -22,7 +22,7 @@ from .execute import execute_plan
 from .heads import describe_sides
 from .html import describe
 from .inputs import Inputs
-from .materialise import META_DEFAULTS, default_device, has_meta, materialise, still_on_meta
+from .materialise import META_DEFAULTS, ModelTensors, has_meta, materialise
 from .norms import NormOffsets, norm_offsets
 from .plan import Match, Plan
 from .planned import plan_graft
@@ -34,6 +34,7 @@ from .settle import verify_graft
 from .sides import Side, module_side, quantized_modules, state_tensors, unwrap
 from .source import GraftSource, SourceLike, open_source
 from .source_model import SourceModelLike
+from .walk import walk_model
 
 __all__ = ["Verify", "graft"]
 
@@ -135,19 +136,18 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
-    state = state_tensors(target)  # one walk of a large model's state dict, shared below
+    modules, state = walk_model(target)  # one walk of a large model, shared below
     opening: dict[str, Any] = {"unsafe": unsafe, "weights_key": weights_key, "component": component,
                "follow_links": follow_links}
     if quantized_modules(target, state):
         return _into_quantized(open_source(source, **opening), target, strict=strict)
-    on_meta = has_meta(target)
+    on_meta = has_meta(target, modules=modules)
     init, warnings = _init_for(on_meta, init, [swapped] if swapped else [])
     sharded = sharded_targets(target, state)
     if sharded and verify is True:
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
-    modules = list(target.named_modules())  # one walk, shared: 100k modules take a while
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
                               tensors=state, modules=modules)
     opened = open_source(source, example_inputs=source_inputs, **opening)
@@ -156,16 +156,16 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         planned = plan_graft(opened, target_side, rules=rules, scoped=scope is not None,
                              match=match, adapt=adapt, init=init, label_map=label_map,
                              norms=NormOffsets(_source_norms(opened.module, source_model),
-                                               norm_offsets(target)),
-                             described=describe_sides(source, opened, target))
+                                               norm_offsets(target, modules=modules)),
+                             described=describe_sides(source, opened, target, modules=modules))
         plan = planned.plan
         plan.warnings[:0] = warnings
-        _fill(plan, opened, target, state, sharded,
-              _Filling(on_meta, device, progress, modules))
+        tensors = _fill(plan, opened, target, state, sharded,
+                        _Filling(on_meta, device, progress, modules))
     finally:
         opened.close()
     report = _report(plan, target_side, planned.source, scope)
-    for key in still_on_meta(target, modules=modules) if on_meta else ():
+    for key in tensors.still_on_meta() if tensors is not None else ():
         report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
                                 "build the model with real tensors for what the checkpoint "
                                 "lacks (non-persistent buffers are computed by its code)")
@@ -214,25 +214,35 @@ class _Filling:
 
 
 def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, torch.Tensor],
-          sharded: dict[str, Any], filling: _Filling) -> None:
-    """Give a meta model storage, fill sharded tensors, then run the plan."""
+          sharded: dict[str, Any], filling: _Filling) -> ModelTensors | None:
+    """Give a meta model storage, fill sharded tensors, then run the plan.
+
+    Returns:
+        A meta model's tensors, as walked before they were given storage (to tell which are
+        still on meta); ``None`` for a model that had none on meta.
+    """
     assigned: set[str] = set()
+    tensors = None
     if filling.on_meta:
-        assigned = _materialise(plan, opened, target, state, sharded, filling)
+        tensors = ModelTensors(filling.modules)
+        assigned = _materialise(plan, opened, target, state, sharded, filling, tensors)
     if sharded:
         fill_sharded(plan, opened.refs, sharded)
         state = state_tensors(target)  # materialise updated ``state``; DTensors anew
     execute_plan(plan, opened.refs, state, progress=filling.progress,
                  assigned=assigned | set(sharded))
+    return tensors
 
 
 def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
                  state: dict[str, torch.Tensor], sharded: dict[str, Any],
-                 filling: _Filling) -> set[str]:
-    """Storage for a meta model's filled tensors, read straight into it where stored as is."""
+                 filling: _Filling, tensors: ModelTensors) -> set[str]:
+    """Storage for a meta model's filled tensors, read straight into it where stored as is.
+
+    They go where ``device=`` says, else where the model's real tensors are, else the CPU.
+    """
     device = filling.device
-    where = torch.device(device) if device is not None else default_device(
-        target, modules=filling.modules)
+    where = torch.device(device) if device is not None else tensors.device or torch.device("cpu")
     zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
         k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
     as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
@@ -240,7 +250,7 @@ def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
     filled = [s.target for s in plan.steps]
     assigned = materialise(target, [k for k in filled if k not in sharded], where,
                            zeroed=[k for k in zeroed if k not in sharded],
-                           values=as_stored, state=state, modules=filling.modules)
+                           values=as_stored, state=state, tensors=tensors)
     if sharded:
         materialise_sharded(target, sharded, [*filled, *zeroed],
                             where if device is not None else None)

@@ -35,7 +35,7 @@ from ..errors import TorchgraftError, UnsupportedModelError
 from ..meta import TensorRef
 from .adapt import Derived, Init, Op, Rows, Transpose, fresh_values
 from .execute import READERS
-from .materialise import _holders
+from .materialise import ModelTensors
 from .plan import Plan, PlanStep
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def materialise_sharded(model: nn.Module, sharded: dict[str, DTensor], keys: Ite
     """
     from torch.distributed.tensor import DTensor
 
-    owners = _holders(model.named_modules())
+    owners = ModelTensors(model.named_modules()).holders
     for key in keys:
         old = sharded.get(key)
         if old is None or not old.is_meta:

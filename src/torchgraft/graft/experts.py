@@ -305,7 +305,7 @@ def add_experts(src: Side, refs: dict[str, TensorRef], dst: Side) -> ExpertTenso
             order.append(name)
     tensors = {n: i for n, i in src.tensors.items() if n not in replaced} | infos
     found.side = Side(tensors, order, format=src.format, ties=src.ties,
-                      head_dims=src.head_dims, ordered=src.ordered)
+                      head_dims=src.head_dims, given_ordered=src.ordered)
     return found
 
 

@@ -374,5 +374,5 @@ def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side,
         tensors[v.name] = TensorInfo(v.name, meta.shape, meta.dtype, src.tensors[v.parts[0]].kind)
     family_of(src)  # the naming family is the stored names', not the virtual ones'
     side = Side(tensors, order, format=src.format, head_dims=src.head_dims,
-                head_counts=src.head_counts, ordered=src.ordered, facts=dict(src.facts))
+                head_counts=src.head_counts, given_ordered=src.ordered, facts=dict(src.facts))
     return side, virtual

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .source import GraftSource
 
 __all__ = ["HEADS_SETTLE", "HEAD_ATTRIBUTES", "Counts", "Described", "config_heads",
-           "describe_sides", "head_assumption", "model_heads", "states_heads"]
+           "describe_sides", "head_assumption", "model_heads"]
 
 #: The attribute names (of a module, of its ``config``) and config keys that state an
 #: attention's head counts, to the count each states.
@@ -124,20 +124,25 @@ def _config_data(config: Any) -> Mapping[str, Any]:
     return vars(config) if hasattr(config, "__dict__") else {}
 
 
-def model_heads(model: nn.Module) -> Counts:
+def model_heads(model: nn.Module, *,
+                modules: Iterable[tuple[str, nn.Module]] | None = None) -> tuple[Counts, bool]:
     """The head counts a model's modules state: their attributes and their ``config``.
 
     Args:
         model: The model.
+        modules: Its ``named_modules()``, if already walked.
 
     Returns:
-        Count to values; empty when no module states one.
+        Count to values (empty when no module states one), and whether a module states
+        counts of its own (not through a config).
     """
     found: dict[str, set[int]] = {}
     configs: dict[int, Any] = {}
-    for module in model.modules():
+    own = False
+    for _path, module in model.named_modules() if modules is None else modules:
         attributes = vars(module)
         if not HEAD_ATTRIBUTES.keys().isdisjoint(attributes):
+            own = True
             _gather(found, ((name, attributes[name]) for name in HEAD_ATTRIBUTES
                             if name in attributes))
         config = attributes.get("config")
@@ -145,12 +150,7 @@ def model_heads(model: nn.Module) -> Counts:
             configs.setdefault(id(config), config)
     for config in configs.values():
         _walk(_config_data(config), found, 0)
-    return _frozen(found)
-
-
-def states_heads(model: nn.Module) -> bool:
-    """Whether a module of the model states head counts of its own (not through a config)."""
-    return any(not HEAD_ATTRIBUTES.keys().isdisjoint(vars(module)) for module in model.modules())
+    return _frozen(found), own
 
 
 def _text(counts: Counts) -> str:
@@ -206,21 +206,23 @@ def _folder_config(source: Any) -> dict[str, Any] | None:
         return None
 
 
-def describe_sides(source: Any, opened: GraftSource, target: nn.Module) -> Described:
+def describe_sides(source: Any, opened: GraftSource, target: nn.Module, *,
+                   modules: Iterable[tuple[str, nn.Module]] | None = None) -> Described:
     """What a graft's source and model state of their head counts.
 
     Args:
         source: The graft's source as given (a path, a module...).
         opened: The opened source (its module, its format's stated head sizes).
         target: The model.
+        modules: The model's ``named_modules()``, if already walked.
 
     Returns:
         The source's counts (its module's; else its config.json's and its format's metadata),
         the model's, and whether the source is a module.
     """
-    counts, attention = model_heads(target), states_heads(target)
+    counts, attention = model_heads(target, modules=modules)
     if opened.module is not None:
-        return Described(model_heads(opened.module), counts, "the source module",
+        return Described(model_heads(opened.module)[0], counts, "the source module",
                          source_is_module=True, target_attention=attention)
     config = _folder_config(source)
     stated = config_heads(config) if config is not None else {}

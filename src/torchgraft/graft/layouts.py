@@ -169,21 +169,22 @@ def mark_file_kinds(side: Side) -> Side:
     return side
 
 
-# Name families: the same architecture written by two code bases.
+# Name families: the same architecture written by two code bases, each with a text its
+# pattern cannot match without: one search of all names for that text rules most families out.
 _FAMILIES = {  # first match wins: transformers' CLIP has Llama's attention names
-    "transformers-clip": re.compile(
-        r"^(text_model|vision_model)\.encoder\.layers\.\d+\.self_attn\.q_proj\.weight$"),
-    "openai-clip": re.compile(r"^(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$"),
-    "transformers-llama": re.compile(r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$"),
-    "meta-llama": re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$"),
-    "transformers-vit": re.compile(
-        r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$"),
-    "timm-vit": re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$"),
-    "torchtune-qwen2": re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$"),
-    "torchtune-llama": re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$"),
+    "transformers-clip": ("self_attn.q_proj.weight", re.compile(
+        r"^(text_model|vision_model)\.encoder\.layers\.\d+\.self_attn\.q_proj\.weight$")),
+    "openai-clip": ("attn.in_proj_weight", re.compile(
+        r"^(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$")),
+    "transformers-llama": ("self_attn.q_proj.weight", re.compile(
+        r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$")),
+    "meta-llama": (".attention.wq", re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$")),
+    "transformers-vit": ("layernorm_before.weight", re.compile(
+        r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$")),
+    "timm-vit": ("attn.qkv.weight", re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$")),
+    "torchtune-qwen2": ("attn.q_proj.bias", re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$")),
+    "torchtune-llama": ("sa_norm.scale", re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$")),
 }
-#: Any family's pattern: most names match none, and one search of each tells so.
-_ANY_FAMILY = re.compile("|".join(f"(?:{p.pattern})" for p in _FAMILIES.values()))
 #: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
 #: other code bases with the same attention names.
 _ROTARY_FAMILIES = frozenset(ROTARY_ORDERS)
@@ -253,9 +254,10 @@ def family_of(side: Side) -> str | None:
         The family, or ``None``.
     """
     if "family" not in side.facts:  # asked by several layouts and warnings: scanned once
-        named = [name for name in side.tensors if _ANY_FAMILY.search(name)]
-        side.facts["family"] = next((family for family, pattern in _FAMILIES.items()
-                                     if any(pattern.search(name) for name in named)), None)
+        text = "\n".join(side.tensors)
+        side.facts["family"] = next(
+            (family for family, (part, pattern) in _FAMILIES.items() if part in text
+             and any(pattern.search(name) for name in side.tensors if part in name)), None)
     family: str | None = side.facts["family"]
     return family
 

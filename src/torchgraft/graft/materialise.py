@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["META_DEFAULTS", "Modules", "default_device", "has_meta", "materialise", "still_on_meta"]
+__all__ = ["META_DEFAULTS", "ModelTensors", "Modules", "has_meta", "materialise"]
 
 #: Bookkeeping buffers a checkpoint may lack, with the value a fresh module gives them.
 META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
@@ -40,43 +40,68 @@ def _tensors(modules: Modules) -> Iterator[tuple[str, str, torch.Tensor, bool]]:
                     yield path, name, tensor, parameter
 
 
-def has_meta(model: nn.Module) -> bool:
-    """Whether any parameter or buffer of ``model`` is on the meta device."""
-    return any(t.is_meta for _, _, t, _ in _tensors(model.named_modules()))
-
-
-def default_device(model: nn.Module, *, modules: Modules | None = None) -> torch.device:
-    """Where the model's real tensors are (the first one's device), else the CPU.
+def has_meta(model: nn.Module, *, modules: Modules | None = None) -> bool:
+    """Whether any parameter or buffer of ``model`` is on the meta device.
 
     Args:
         model: The unwrapped target.
         modules: Its ``named_modules()``, if already walked.
-
-    Returns:
-        The device.
     """
     walk = model.named_modules() if modules is None else modules
-    return next((t.device for _, _, t, _ in _tensors(walk) if not t.is_meta),
-                torch.device("cpu"))
+    return any(t.is_meta for _, _, t, _ in _tensors(walk))
 
 
-def _holders(modules: Modules) -> dict[int, list[tuple[dict[str, Any], str]]]:
-    """For each parameter or buffer object, every (module dict, name) that holds it."""
-    holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for _path, module in modules:
-        stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
-        for store in stores:
-            for name, tensor in store.items():
-                if tensor is not None:
-                    holders.setdefault(id(tensor), []).append((store, name))
-    return holders
+#: A meta tensor as first seen: its key, the module dict holding it, its name there, and
+#: whether it is a parameter.
+_MetaEntry = tuple[str, dict[str, Any], str, bool]
+
+
+class ModelTensors:
+    """Every parameter and buffer of a model, from one walk of its modules.
+
+    Attributes:
+        holders: Per tensor object, every (module dict, name) that holds it (ties: several).
+        device: The first real (not meta) tensor's device, if any.
+    """
+
+    def __init__(self, modules: Modules) -> None:
+        self.holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
+        self.device: torch.device | None = None
+        self._meta: list[_MetaEntry] = []
+        for path, module in modules:
+            stores: tuple[tuple[dict[str, Any], bool], ...] = (
+                (module._parameters, True), (module._buffers, False))
+            for store, parameter in stores:
+                for name, tensor in store.items():
+                    if tensor is None:
+                        continue
+                    held = self.holders.get(id(tensor))
+                    if held is not None:
+                        held.append((store, name))
+                        continue
+                    self.holders[id(tensor)] = [(store, name)]
+                    if tensor.is_meta:
+                        self._meta.append((f"{path}.{name}" if path else name, store, name,
+                                           parameter))
+                    elif self.device is None:
+                        self.device = tensor.device
+
+    def still_on_meta(self) -> list[str]:
+        """Names of the tensors still on meta now, persistent or not (ties once).
+
+        Returns:
+            Their names, parameters first, as ``named_parameters`` then ``named_buffers``.
+        """
+        left = [(key, parameter) for key, store, name, parameter in self._meta
+                if store[name] is not None and store[name].is_meta]
+        return [k for k, p in left if p] + [k for k, p in left if not p]
 
 
 def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
                 zeroed: Iterable[str] = (),
                 values: Mapping[str, Callable[[], torch.Tensor]] | None = None,
                 state: dict[str, torch.Tensor] | None = None,
-                modules: Modules | None = None) -> set[str]:
+                tensors: ModelTensors | None = None) -> set[str]:
     """Give real storage to the meta tensors among ``keys`` (state-dict names).
 
     Args:
@@ -89,7 +114,7 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
             ``load_state_dict(assign=True)``.
         state: The model's ``state_dict(keep_vars=True)`` tensors, if already known; a dict
             is updated in place with the new tensors.
-        modules: Its ``named_modules()``, if already walked.
+        tensors: Its tensors, if already walked.
 
     Returns:
         The keys given their checkpoint values: nothing more to read for them.
@@ -98,7 +123,7 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
     keys_of: dict[int, list[str]] = {}  # a tensor's keys (several where tied)
     for name, tensor in state.items():
         keys_of.setdefault(id(tensor), []).append(name)
-    holders = _holders(model.named_modules() if modules is None else modules)
+    holders = (ModelTensors(model.named_modules()) if tensors is None else tensors).holders
     zero = set(zeroed)
     values = values or {}
     done: set[int] = set()
@@ -123,23 +148,3 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
         for name in keys_of[ident]:
             state[name] = new
     return assigned
-
-
-def still_on_meta(model: nn.Module, *, modules: Modules | None = None) -> list[str]:
-    """Names of parameters and buffers still on meta, persistent or not (ties once).
-
-    Args:
-        model: The unwrapped target.
-        modules: Its ``named_modules()``, if already walked.
-
-    Returns:
-        Their names.
-    """
-    seen: set[int] = set()
-    found: tuple[list[str], list[str]] = ([], [])  # parameters first, as named_parameters
-    for path, name, tensor, parameter in _tensors(model.named_modules() if modules is None
-                                                  else modules):
-        if tensor.is_meta and id(tensor) not in seen:
-            seen.add(id(tensor))
-            found[not parameter].append(f"{path}.{name}" if path else name)
-    return [*found[0], *found[1]]

@@ -17,7 +17,7 @@ caught only by comparing outputs: from a folder with its ``config.json``, or wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -40,11 +40,13 @@ UNIT_OFFSET = frozenset({
 KNOWN_CODEBASES = ("torch.nn.", "transformers.")
 
 
-def norm_offsets(model: nn.Module) -> dict[str, float | None]:
+def norm_offsets(model: nn.Module, *,
+                 modules: Iterable[tuple[str, nn.Module]] | None = None) -> dict[str, float | None]:
     """The offset each norm of a model stores its scale with.
 
     Args:
         model: An unwrapped module.
+        modules: Its ``named_modules()``, if already walked.
 
     Returns:
         Norm module path to 1.0 (a unit-offset norm), 0.0 (a plain one) or ``None`` (a class
@@ -52,7 +54,7 @@ def norm_offsets(model: nn.Module) -> dict[str, float | None]:
         ``weight``.
     """
     found: dict[str, float | None] = {}
-    for path, module in model.named_modules():
+    for path, module in model.named_modules() if modules is None else modules:
         cls = _norm_class(type(module))
         if cls is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
             continue

@@ -310,5 +310,5 @@ def apply_op_rules(rules: Sequence[OpRule], side: Side,
     order = [name for name in side.order if name in work.tensors]
     order += [name for name in work.tensors if name not in side.tensors]
     ruled = Side(work.tensors, order, format=side.format, ties=ties,
-                 head_dims=side.head_dims, ordered=side.ordered)
+                 head_dims=side.head_dims, given_ordered=side.ordered)
     return ruled, work.derivations

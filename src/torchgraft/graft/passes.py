@@ -197,6 +197,8 @@ def structure(state: Planning) -> None:
     src, dst, pairs = state.src, state.dst, state.pairs
     filled = {dst.ties.get(t, t) for t in pairs}
     left_t = [t for t in dst.order if t not in pairs and dst.ties.get(t, t) not in filled]
+    if not left_t:
+        return  # nothing to align: the source's order (sorted names: a natural sort) not asked
     left_s = [s for s in src.order if s in state.renamed and s not in state.paired]
     back = {state.renamed[s]: s for s in left_s}
     src_infos = {state.renamed[s]: _renamed_info(src.tensors[s], state.renamed[s])

@@ -215,7 +215,7 @@ def _head_dims(*models: nn.Module) -> list[int]:
                          getattr(config, "num_attention_heads", None))
         if isinstance(hidden, int) and isinstance(heads, int) and heads:
             found.append(hidden // heads)
-        found += sorted(v for v in model_heads(model).get("head size", ()) if v > 1)
+        found += sorted(v for v in model_heads(model)[0].get("head size", ()) if v > 1)
     return list(dict.fromkeys(found))
 
 

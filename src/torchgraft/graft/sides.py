@@ -59,7 +59,7 @@ class Side:
 
     Attributes:
         tensors: Key to info, in definition (or stored) order.
-        order: Keys in order of use (forward hooks) where known, else definition order. A
+        given_order: Keys in order of use (forward hooks) where known, else definition order. A
             file whose names are stored sorted (safetensors sorts by dtype, then name) says
             nothing of its order of definition: its order is recovered from the names
             (:func:`natural_key`), and ``ordered`` is False.
@@ -69,26 +69,44 @@ class Side:
         head_dims: Module path to its attention ``head_dim``, for modules that say it.
         head_counts: Module path to its attention's (query heads, key/value heads), for
             modules that say them (:data:`~torchgraft.graft.head_sizes.HEAD_COUNT_ATTRIBUTES`).
-        ordered: Whether ``order`` is a real order of definition or use.
+        given_ordered: Whether ``order`` is a real order of definition or use, for a given
+            order.
         facts: What was derived from the names once and is asked again (the naming family):
             scanning 100k names per question would cost seconds.
     """
 
     tensors: dict[str, TensorInfo]
-    order: list[str] = field(default_factory=list)
+    given_order: list[str] = field(default_factory=list)
     format: str | None = None
     ties: dict[str, str] = field(default_factory=dict)
     head_dims: dict[str, int] = field(default_factory=dict)
     head_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
-    ordered: bool = True
+    given_ordered: bool = True
     facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not self.order:
-            self.order = list(self.tensors)
-            if looks_sorted(self.order, self.tensors):
-                self.order = sorted(self.order, key=natural_key)
-                self.ordered = False
+    @property
+    def order(self) -> list[str]:
+        """Keys in order of use where known, else of definition (see the class's attributes).
+
+        Found on first use where not given: a graft whose keys all pair by name never asks,
+        and sorting 100k names naturally costs a tenth of a second.
+        """
+        self._find_order()
+        return self.given_order
+
+    @property
+    def ordered(self) -> bool:
+        """Whether :attr:`order` is a real order of definition or use."""
+        self._find_order()
+        return self.given_ordered
+
+    def _find_order(self) -> None:
+        """The order of stored names, or of names stored sorted (then not ``ordered``)."""
+        if not self.given_order and self.tensors:
+            self.given_order = list(self.tensors)
+            if looks_sorted(self.given_order, self.tensors):
+                self.given_order = sorted(self.given_order, key=natural_key)
+                self.given_ordered = False
 
 
 _NUMBER = re.compile(r"(\d+)")
@@ -232,6 +250,18 @@ def _attribute(module: nn.Module, name: str) -> Any:
     return getattr(module, name) if hasattr(type(module), name) else None
 
 
+#: Module class to whether it has a ``head_dim`` or ``head_size`` of its own (asked once).
+_HEADS_CLASSES: dict[type, bool] = {}
+
+
+def _heads_class(cls: type) -> bool:
+    """Whether a module class has ``head_dim`` or ``head_size`` (an attribute, a property)."""
+    found = _HEADS_CLASSES.get(cls)
+    if found is None:
+        found = _HEADS_CLASSES[cls] = hasattr(cls, "head_dim") or hasattr(cls, "head_size")
+    return found
+
+
 @dataclass
 class _Heads:
     """What attention modules say of their heads: sizes and counts, by module path."""
@@ -240,6 +270,9 @@ class _Heads:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, path: str, module: nn.Module) -> None:
+        own = module.__dict__
+        if "head_dim" not in own and "head_size" not in own and not _heads_class(type(module)):
+            return  # most modules: nothing to ask
         head_dim = _attribute(module, "head_dim")
         if head_dim is None:
             head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention

@@ -90,28 +90,31 @@ def read_header(source: ByteSource) -> tuple[dict[str, Any], dict[str, str], int
     return ordered, {str(k): str(v) for k, v in metadata.items()}, start
 
 
-def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str, Any]:
-    def bad(why: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(f"header entry for '{name}' {why}", path=source.name)
+def _bad(name: str, why: str, source: ByteSource) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"header entry for '{name}' {why}", path=source.name)
 
-    if not isinstance(entry, dict):
-        raise bad("is not an object")
+
+def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str, Any]:
+    """A header entry, checked: its dtype, shape and offsets agree, inside the file."""
+    if type(entry) is not dict:
+        raise _bad(name, "is not an object", source)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPES:
         if isinstance(dtype, str) and dtype.isupper():
             raise UnsupportedCheckpointError(f"tensor '{name}' has dtype {dtype}, not read yet",
                                              path=source.name)
-        raise bad(f"has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise bad(f"has a malformed shape {shape!r}")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
-        raise bad(f"has malformed data_offsets {offsets!r}")
+        raise _bad(name, f"has unknown dtype {dtype!r}", source)
+    if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
+        raise _bad(name, f"has a malformed shape {shape!r}", source)
+    if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
+            or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
+        raise _bad(name, f"has malformed data_offsets {offsets!r}", source)
     nbytes = math.prod(shape) * DTYPES[dtype].itemsize
     if offsets[1] - offsets[0] != nbytes:
-        raise bad(f"says {dtype} {tuple(shape)} ({nbytes} bytes) but its data_offsets span "
-                  f"{offsets[1] - offsets[0]} bytes")
-    source.check_range(start + offsets[0], nbytes, what=f"tensor '{name}'")
+        raise _bad(name, f"says {dtype} {tuple(shape)} ({nbytes} bytes) but its data_offsets "
+                   f"span {offsets[1] - offsets[0]} bytes", source)
+    if start + offsets[1] > source.size:
+        source.check_range(start + offsets[0], nbytes, what=f"tensor '{name}'")
     return entry
 
 
@@ -126,8 +129,9 @@ def _root(source: FileSource, path: Path) -> dict[str, Any]:
     entries, metadata, start = read_header(source)
     root: dict[str, Any] = {}
     for name, entry in entries.items():
-        meta = TensorMeta.of(tuple(entry["shape"]), DTYPES[entry["dtype"]])
-        root[name] = plain_ref(source, start + entry["data_offsets"][0], meta,
+        begin, end = entry["data_offsets"]  # checked: whole numbers of elements
+        meta = TensorMeta(tuple(entry["shape"]), DTYPES[entry["dtype"]], end - begin)
+        root[name] = plain_ref(source, start + begin, meta,
                                what=f"tensor '{name}'")
     aliases = _json_entry(metadata, ALIASES_KEY, path)
     for alias, written in aliases.items():

@@ -6,7 +6,7 @@ import math
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -251,7 +251,7 @@ class FileSource(ByteSource):
                 raise CorruptCheckpointError("the file shrank while open", path=self.name)
             storage = self._storage = cast(torch.UntypedStorage, torch.UntypedStorage.from_file(
                 self.held_name(), shared=False, nbytes=self.size))
-        return cast(torch.UntypedStorage, storage[offset:offset + nbytes])
+        return _SLICE(storage, slice(offset, offset + nbytes))
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
@@ -271,6 +271,12 @@ class FileSource(ByteSource):
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+#: torch's own storage slice, without ``UntypedStorage.__getitem__``'s Python check of the
+#: device (a file mapping is on the CPU): tens of thousands of tensors are sliced at once.
+_SLICE: Callable[[torch.UntypedStorage, slice], torch.UntypedStorage] = (
+    torch._C.StorageBase.__dict__["__getitem__"])
 
 
 class MemorySource(ByteSource):
