@@ -63,20 +63,39 @@ class Experts(nn.Module):
         self.experts = nn.ModuleList(nn.Linear(4, 4, bias=False) for _ in range(count))
 
 
-def graft_seconds(tmp_path: Path, count: int) -> float:
-    path = tmp_path / f"{count}.safetensors"
-    save_file({f"experts.{i}.weight": torch.full((4, 4), float(i)) for i in range(count)}, path)
+def graft_seconds(tmp_path: Path, count: int, stored: int | None = None) -> float:
+    """CPU seconds to graft ``stored`` experts of ``count`` (all by default) into a meta model."""
+    stored = count if stored is None else stored
+    path = tmp_path / f"{count}-{stored}.safetensors"
+    save_file({f"experts.{i}.weight": torch.full((4, 4), float(i)) for i in range(stored)}, path)
     models = []
     for _ in range(3):
         with torch.device("meta"):
             models.append(Experts(count))
-    seconds = cpu_seconds(lambda: tg.graft(path, models.pop(), strict=True))
+    seconds = cpu_seconds(lambda: tg.graft(path, models.pop(), strict=stored == count))
     return seconds
 
 
 def test_grafting_many_tensors_into_a_meta_model_is_linear(tmp_path: Path) -> None:
     small, large = graft_seconds(tmp_path, 1000), graft_seconds(tmp_path, 4000)
     assert large <= LIMIT * small, (small, large)
+
+
+def test_a_meta_model_mostly_left_on_meta_is_reported_in_linear_time(tmp_path: Path) -> None:
+    small, large = graft_seconds(tmp_path, 2000, 200), graft_seconds(tmp_path, 8000, 800)
+    assert large <= LIMIT * small, (small, large)
+
+
+def test_keys_left_on_meta_are_missing_and_the_rest_loaded(tmp_path: Path) -> None:
+    save_file({f"experts.{i}.weight": torch.full((4, 4), float(i)) for i in range(3)},
+              tmp_path / "three.safetensors")
+    with torch.device("meta"):
+        model = Experts(10)
+    report = tg.graft(tmp_path / "three.safetensors", model)
+    assert report.loaded == [f"experts.{i}.weight" for i in range(3)]
+    assert report.missing == [f"experts.{i}.weight" for i in range(3, 10)]
+    assert report.reasons["experts.9.weight"].startswith("still on the meta device")
+    assert torch.equal(model.experts[2].weight, torch.full((4, 4), 2.0))
 
 
 def test_grafting_inside_a_meta_device_context(tmp_path: Path) -> None:

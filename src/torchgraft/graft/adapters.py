@@ -166,12 +166,13 @@ def scope_to_adapter(report: GraftReport, scope: set[str]) -> None:
     unfit = {k: v for k, v in report.reinitialised.items() if k in scope}
     unfit.update({k: v for k, v in report.adapted.items()
                   if k in scope and v.startswith(_RESHAPED)})
-    for key, why in unfit.items():
+    for key in unfit:
         report.reinitialised.pop(key, None)
         report.adapted.pop(key, None)
-        report.add_missing(key, f"the adapter's tensor does not fit the model's adapter layer "
-                                f"({why}): the adapter config (rank, target modules) differs")
-    for key in [k for k in report.missing if k not in scope]:
-        report.missing.remove(key)
-        report.not_in_adapter.append(key)
-        report.reasons[key] = NOT_IN_ADAPTER
+    report.add_missing({key: f"the adapter's tensor does not fit the model's adapter layer "
+                             f"({why}): the adapter config (rank, target modules) differs"
+                        for key, why in unfit.items()})
+    base = [k for k in report.missing if k not in scope]  # the base model's: tens of thousands
+    report.missing = [k for k in report.missing if k in scope]
+    report.not_in_adapter += base
+    report.reasons.update(dict.fromkeys(base, NOT_IN_ADAPTER))

@@ -20,7 +20,6 @@ from .adapters import adapter_keys, refuse_plain_target, scope_to_adapter
 from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .heads import describe_sides
-from .html import describe
 from .inputs import Inputs
 from .materialise import META_DEFAULTS, ModelTensors, has_meta, materialise
 from .norms import NormOffsets, norm_offsets
@@ -165,10 +164,11 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     finally:
         opened.close()
     report = _report(plan, target_side, planned.source, scope)
-    for key in tensors.still_on_meta() if tensors is not None else ():
-        report.add_missing(key, "still on the meta device: nothing in the checkpoint fills it; "
-                                "build the model with real tensors for what the checkpoint "
-                                "lacks (non-persistent buffers are computed by its code)")
+    report.add_missing(dict.fromkeys(
+        tensors.still_on_meta() if tensors is not None else (),
+        "still on the meta device: nothing in the checkpoint fills it; build the model with "
+        "real tensors for what the checkpoint lacks (non-persistent buffers are computed by "
+        "its code)"))
     if not sharded and (verify is True or (verify == "auto" and _plain_copy(report))):
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
@@ -260,8 +260,7 @@ def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
 def _report(plan: Plan, target: Side, source: Side, scope: set[str] | None) -> GraftReport:
     """The report of an executed plan, with every key's shape."""
     report = GraftReport.from_plan(plan, targets=target.tensors, sources=source.tensors)
-    report.shapes = {**{k: describe(i) for k, i in target.tensors.items()},
-                     **{f"checkpoint:{k}": describe(i) for k, i in source.tensors.items()}}
+    report.infos = (target.tensors, source.tensors)  # their shapes are found when asked
     if scope is not None:
         scope_to_adapter(report, scope)
     return report

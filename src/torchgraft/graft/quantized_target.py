@@ -69,9 +69,9 @@ def _entry(key: str, value: Any, refs: dict[str, TensorRef], names: dict[str, st
     if not parts:  # the packed weights' dtype: the model's own, checked through them
         return value
     problems = _problems(parts, refs, names)
-    for part, why in problems.items():
-        advice = _FLOAT_ADVICE if "_packed_params" in part else "left as it was"
-        report.add_missing(part, f"Cannot load '{part}': {why}; {advice}")
+    report.add_missing({part: f"Cannot load '{part}': {why}; "
+                              f"{_FLOAT_ADVICE if '_packed_params' in part else 'left as it was'}"
+                        for part, why in problems.items()})
     if problems:
         return value  # given back as it is: a packed module needs all its entries
     read = [refs[names[part]].read() for part, _t in parts]

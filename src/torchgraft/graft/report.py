@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_path
 from ..errors import TorchgraftError
 from .evidence import EXIT_CODES, SIBLINGS, Assumption, Evidence, Guess, Verdict
-from .html import render_html
+from .html import describe, render_html
 from .plan import REINITIALISED, Plan, is_bookkeeping
+from .sides import TensorInfo
 
 __all__ = ["GraftError", "GraftReport"]
 
@@ -55,8 +57,7 @@ class GraftReport:
         assumptions: What the graft relies on that the checkpoint cannot confirm (a bare
             state dict from another code base: the attention's head count, which same-shape
             sibling is which); any left unverified makes the verdict ``unverified``.
-        shapes: Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype, e.g.
-            ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`).
+        infos: The model's and the checkpoint's tensors by key, for :attr:`shapes`.
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
         plan: The plan the graft ran (``tg.save(model, path, layout_of=report)`` runs it
@@ -82,7 +83,8 @@ class GraftReport:
     settled: list[str] = field(default_factory=list)
     surplus: dict[str, str] = field(default_factory=dict)
     assumptions: list[Assumption] = field(default_factory=list)
-    shapes: dict[str, str] = field(default_factory=dict, repr=False)
+    infos: tuple[Mapping[str, TensorInfo], Mapping[str, TensorInfo]] = field(
+        default=({}, {}), repr=False, compare=False)
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
@@ -118,15 +120,32 @@ class GraftReport:
         report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
         return report
 
-    def add_missing(self, key: str, reason: str) -> None:
-        """Record a target key found missing after the plan ran (left on the meta device)."""
-        if key in self.loaded:
-            self.loaded.remove(key)
+    @cached_property
+    def shapes(self) -> dict[str, str]:
+        """Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype.
+
+        E.g. ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`); found when first asked.
+        """
+        targets, sources = self.infos
+        return {**{k: describe(i) for k, i in targets.items()},
+                **{f"checkpoint:{k}": describe(i) for k, i in sources.items()}}
+
+    def add_missing(self, reasons: Mapping[str, str]) -> None:
+        """Record target keys found missing after the plan ran (left on the meta device).
+
+        Args:
+            reasons: Key to why it is missing; keys recorded as loaded are no longer.
+        """
+        if not reasons:
+            return
+        if any(key in reasons for key in self.loaded):  # sets, not list scans: 100k keys
+            self.loaded = [key for key in self.loaded if key not in reasons]
+        for key in reasons:
             self.evidence.pop(key, None)
             self.guesses.pop(key, None)
-        if key not in self.missing:
-            self.missing.append(key)
-        self.reasons[key] = reason
+        known = set(self.missing)
+        self.missing += [key for key in reasons if key not in known]
+        self.reasons.update(reasons)
 
     def mark_verified(self) -> None:
         """Outputs were compared equal: every loaded key is ``verified``, no guess is left."""
