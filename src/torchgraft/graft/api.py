@@ -21,7 +21,7 @@ from .dtensor import fill_sharded, materialise_sharded, sharded_targets
 from .execute import execute_plan
 from .heads import describe_sides
 from .inputs import Inputs
-from .materialise import META_DEFAULTS, ModelTensors, has_meta, materialise
+from .materialise import META_DEFAULTS, ModelTensors, materialise
 from .norms import NormOffsets, norm_offsets
 from .plan import Match, Plan
 from .planned import plan_graft
@@ -135,12 +135,13 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
-    modules, state = walk_model(target)  # one walk of a large model, shared below
+    modules, tensors = walk_model(target)  # one walk of a large model, shared below
+    state = tensors.state
     opening: dict[str, Any] = {"unsafe": unsafe, "weights_key": weights_key, "component": component,
                "follow_links": follow_links}
     if quantized_modules(target, state):
         return _into_quantized(open_source(source, **opening), target, strict=strict)
-    on_meta = has_meta(target, modules=modules)
+    on_meta = tensors.on_meta
     init, warnings = _init_for(on_meta, init, [swapped] if swapped else [])
     sharded = sharded_targets(target, state)
     if sharded and verify is True:
@@ -159,13 +160,13 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                              described=describe_sides(source, opened, target, modules=modules))
         plan = planned.plan
         plan.warnings[:0] = warnings
-        tensors = _fill(plan, opened, target, state, sharded,
-                        _Filling(on_meta, device, progress, modules))
+        _fill(plan, opened, target, state, sharded,
+              _Filling(on_meta, device, progress, modules, tensors))
     finally:
         opened.close()
     report = _report(plan, target_side, planned.source, scope)
     report.add_missing(dict.fromkeys(
-        tensors.still_on_meta() if tensors is not None else (),
+        tensors.still_on_meta() if on_meta else (),
         "still on the meta device: nothing in the checkpoint fills it; build the model with "
         "real tensors for what the checkpoint lacks (non-persistent buffers are computed by "
         "its code)"))
@@ -204,45 +205,40 @@ def _init_for(on_meta: bool, init: Init, warnings: list[str]) -> tuple[Init, lis
 class _Filling:
     """How the target is filled: on the meta device or not, where, with what progress.
 
-    ``modules`` is the target's ``named_modules()``, walked once and shared.
+    ``modules`` is the target's ``named_modules()`` and ``tensors`` its tensors, walked
+    once and shared.
     """
 
     on_meta: bool
     device: str | torch.device | None
     progress: Callable[[int, int], None] | None
     modules: list[tuple[str, nn.Module]]
+    tensors: ModelTensors
 
 
 def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, torch.Tensor],
-          sharded: dict[str, Any], filling: _Filling) -> ModelTensors | None:
-    """Give a meta model storage, fill sharded tensors, then run the plan.
-
-    Returns:
-        A meta model's tensors, as walked before they were given storage (to tell which are
-        still on meta); ``None`` for a model that had none on meta.
-    """
+          sharded: dict[str, Any], filling: _Filling) -> None:
+    """Give a meta model storage, fill sharded tensors, then run the plan."""
     assigned: set[str] = set()
-    tensors = None
     if filling.on_meta:
-        tensors = ModelTensors(filling.modules)
-        assigned = _materialise(plan, opened, target, state, sharded, filling, tensors)
+        assigned = _materialise(plan, opened, target, state, sharded, filling)
     if sharded:
         fill_sharded(plan, opened.refs, sharded)
         state = state_tensors(target)  # materialise updated ``state``; DTensors anew
     execute_plan(plan, opened.refs, state, progress=filling.progress,
                  assigned=assigned | set(sharded))
-    return tensors
 
 
 def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
                  state: dict[str, torch.Tensor], sharded: dict[str, Any],
-                 filling: _Filling, tensors: ModelTensors) -> set[str]:
+                 filling: _Filling) -> set[str]:
     """Storage for a meta model's filled tensors, read straight into it where stored as is.
 
     They go where ``device=`` says, else where the model's real tensors are, else the CPU.
     """
     device = filling.device
-    where = torch.device(device) if device is not None else tensors.device or torch.device("cpu")
+    where = (torch.device(device) if device is not None
+             else filling.tensors.device or torch.device("cpu"))
     zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
         k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
     as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
@@ -250,7 +246,7 @@ def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
     filled = [s.target for s in plan.steps]
     assigned = materialise(target, [k for k in filled if k not in sharded], where,
                            zeroed=[k for k in zeroed if k not in sharded],
-                           values=as_stored, state=state, tensors=tensors)
+                           values=as_stored, state=state, tensors=filling.tensors)
     if sharded:
         materialise_sharded(target, sharded, [*filled, *zeroed],
                             where if device is not None else None)

@@ -10,13 +10,13 @@ own (memory-mapped where the format allows); the others are read into new storag
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["META_DEFAULTS", "ModelTensors", "Modules", "has_meta", "materialise"]
+__all__ = ["META_DEFAULTS", "ModelTensors", "Modules", "materialise"]
 
 #: Bookkeeping buffers a checkpoint may lack, with the value a fresh module gives them.
 META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
@@ -25,30 +25,6 @@ META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
 #: ``model.named_modules()`` as a list: walked once per graft and shared (a walk costs tens of
 #: milliseconds on models of tens of thousands of modules).
 Modules = Sequence[tuple[str, nn.Module]]
-
-
-def _tensors(modules: Modules) -> Iterator[tuple[str, str, torch.Tensor, bool]]:
-    """Every parameter and buffer, persistent or not: path, name, tensor, whether a parameter.
-
-    The modules' own dictionaries are read directly: on models of tens of thousands of
-    modules this is several times faster than ``named_parameters`` and ``named_buffers``.
-    """
-    for path, module in modules:
-        for store, parameter in ((module._parameters, True), (module._buffers, False)):
-            for name, tensor in store.items():
-                if tensor is not None:
-                    yield path, name, tensor, parameter
-
-
-def has_meta(model: nn.Module, *, modules: Modules | None = None) -> bool:
-    """Whether any parameter or buffer of ``model`` is on the meta device.
-
-    Args:
-        model: The unwrapped target.
-        modules: Its ``named_modules()``, if already walked.
-    """
-    walk = model.named_modules() if modules is None else modules
-    return any(t.is_meta for _, _, t, _ in _tensors(walk))
 
 
 #: A meta tensor as first seen: its key, the module dict holding it, its name there, and
@@ -62,29 +38,45 @@ class ModelTensors:
     Attributes:
         holders: Per tensor object, every (module dict, name) that holds it (ties: several).
         device: The first real (not meta) tensor's device, if any.
+        state: The persistent ones by key, in ``state_dict`` order (what
+            ``state_dict(keep_vars=True)`` holds for modules that keep torch's own
+            ``state_dict``).
     """
 
     def __init__(self, modules: Modules) -> None:
         self.holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
         self.device: torch.device | None = None
+        self.state: dict[str, torch.Tensor] = {}
         self._meta: list[_MetaEntry] = []
         for path, module in modules:
-            stores: tuple[tuple[dict[str, Any], bool], ...] = (
-                (module._parameters, True), (module._buffers, False))
-            for store, parameter in stores:
-                for name, tensor in store.items():
-                    if tensor is None:
-                        continue
-                    held = self.holders.get(id(tensor))
-                    if held is not None:
-                        held.append((store, name))
-                        continue
-                    self.holders[id(tensor)] = [(store, name)]
-                    if tensor.is_meta:
-                        self._meta.append((f"{path}.{name}" if path else name, store, name,
-                                           parameter))
-                    elif self.device is None:
-                        self.device = tensor.device
+            prefix = f"{path}." if path else ""
+            self._add(prefix, module._parameters, True, ())
+            if module._buffers:
+                self._add(prefix, module._buffers, False, module._non_persistent_buffers_set)
+
+    def _add(self, prefix: str, store: dict[str, Any], parameter: bool,
+             transient: Collection[str]) -> None:
+        """One module's parameters or buffers (``transient``: its non-persistent ones)."""
+        for name, tensor in store.items():
+            if tensor is None:
+                continue
+            key = prefix + name
+            if name not in transient:
+                self.state[key] = tensor
+            held = self.holders.get(id(tensor))
+            if held is not None:
+                held.append((store, name))
+                continue
+            self.holders[id(tensor)] = [(store, name)]
+            if tensor.is_meta:
+                self._meta.append((key, store, name, parameter))
+            elif self.device is None:
+                self.device = tensor.device
+
+    @property
+    def on_meta(self) -> bool:
+        """Whether a tensor was on the meta device when walked."""
+        return bool(self._meta)
 
     def still_on_meta(self) -> list[str]:
         """Names of the tensors still on meta now, persistent or not (ties once).
@@ -120,31 +112,30 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
         The keys given their checkpoint values: nothing more to read for them.
     """
     state = model.state_dict(keep_vars=True) if state is None else state
-    keys_of: dict[int, list[str]] = {}  # a tensor's keys (several where tied)
+    others: dict[int, list[str]] = {}  # a tied tensor's keys (several names, one tensor)
+    first: dict[int, str] = {}
     for name, tensor in state.items():
-        keys_of.setdefault(id(tensor), []).append(name)
+        if first.setdefault(id(tensor), name) != name:
+            others.setdefault(id(tensor), [first[id(tensor)]]).append(name)
     holders = (ModelTensors(model.named_modules()) if tensors is None else tensors).holders
     zero = set(zeroed)
     values = values or {}
-    done: set[int] = set()
     assigned: set[str] = set()
     for key in [*keys, *zero]:  # tens of thousands of small tensors: a tight loop
         old = state.get(key)
-        ident = id(old)
-        if old is None or ident in done or not old.is_meta:
+        if old is None or not old.is_meta:  # done already (under a tied name too)
             continue
-        done.add(ident)
         read = values.get(key)
         if read is not None:
             new = read()
             assigned.add(key)
         else:
-            make = torch.zeros if key in zero else torch.empty
-            new = make(old.shape, dtype=old.dtype, device=device)
+            new = (torch.zeros if key in zero else torch.empty)(old.shape, dtype=old.dtype,
+                                                                  device=device)
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(new, requires_grad=old.requires_grad)
-        for store, name in holders.get(ident, ()):
+        for store, name in holders.get(id(old), ()):
             store[name] = new
-        for name in keys_of[ident]:
+        for name in others.get(id(old), (key,)):
             state[name] = new
     return assigned

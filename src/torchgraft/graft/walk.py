@@ -11,10 +11,9 @@ hooks, and no module sits in two places. Otherwise torch's own methods are calle
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from .materialise import Modules
+from .materialise import ModelTensors
 from .sides import state_tensors
 
 __all__ = ["walk_model"]
@@ -36,15 +35,15 @@ def _plain(module: nn.Module) -> bool:
     return plain and not module._state_dict_hooks and not module._state_dict_pre_hooks
 
 
-def walk_model(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[str, torch.Tensor]]:
-    """The model's ``named_modules()`` and its :func:`~.sides.state_tensors`, in one walk.
+def walk_model(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], ModelTensors]:
+    """The model's ``named_modules()`` and its tensors (their state dict too), in one walk.
 
     Args:
         model: An unwrapped module.
 
     Returns:
-        ``(path, module)`` in ``named_modules()`` order, and key to tensor in
-        ``state_dict`` order.
+        ``(path, module)`` in ``named_modules()`` order, and the tensors, whose ``state`` is
+        the model's :func:`~.sides.state_tensors` (key to tensor, in ``state_dict`` order).
     """
     modules: list[tuple[str, nn.Module]] = []
     seen: set[int] = set()
@@ -64,21 +63,8 @@ def walk_model(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], dict[str,
             stack.extend((prefix + name, child) for name, child in reversed(children.items())
                          if child is not None)
     if not exact:
-        return list(model.named_modules()), state_tensors(model)
-    return modules, _state(modules)
-
-
-def _state(modules: Modules) -> dict[str, torch.Tensor]:
-    """``state_dict(keep_vars=True)`` of plain modules: parameters, then persistent buffers."""
-    state: dict[str, torch.Tensor] = {}
-    for path, module in modules:
-        prefix = f"{path}." if path else ""
-        for name, param in module._parameters.items():
-            if param is not None:
-                state[prefix + name] = param
-        if module._buffers:
-            skip = module._non_persistent_buffers_set
-            for name, buffer in module._buffers.items():
-                if buffer is not None and name not in skip:
-                    state[prefix + name] = buffer
-    return state
+        modules = list(model.named_modules())
+    tensors = ModelTensors(modules)
+    if not exact:
+        tensors.state = state_tensors(model)
+    return modules, tensors
