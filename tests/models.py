@@ -122,10 +122,15 @@ def pretrained_resnet18(num_classes: int = 1000, seed: int = 0) -> ResNet18:
 
 
 class MetaAttention(nn.Module):
-    """Meta's reference Llama attention: wq, wk, wv, wo; rotary on interleaved pairs."""
+    """Meta's reference Llama attention: wq, wk, wv, wo; rotary on interleaved pairs.
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+    ``halves``: rotary on each head's two halves instead (transformers' order), as a code
+    base that keeps Meta's names may compute.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, halves: bool = False) -> None:
         super().__init__()
+        self.rotate = _rotate_halves if halves else _rotate_pairs
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = dim // n_heads
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
@@ -138,7 +143,7 @@ class MetaAttention(nn.Module):
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim)
-        q, k = _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         rep = self.n_heads // self.n_kv_heads
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
@@ -155,6 +160,14 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return out.flatten(-2).type_as(x)
 
 
+def _rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary embedding: x[i] and x[i + head_dim / 2] rotated together."""
+    half = x.shape[-1] // 2
+    first, second = x.float()[..., :half], x.float()[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([first * c - second * s, second * c + first * s], dim=-1).type_as(x)
+
+
 class MetaFeedForward(nn.Module):
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -167,9 +180,10 @@ class MetaFeedForward(nn.Module):
 
 
 class MetaBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float,
+                 halves: bool = False) -> None:
         super().__init__()
-        self.attention = MetaAttention(dim, n_heads, n_kv_heads)
+        self.attention = MetaAttention(dim, n_heads, n_kv_heads, halves)
         self.feed_forward = MetaFeedForward(dim, hidden)
         self.attention_norm = nn.RMSNorm(dim, eps=eps)
         self.ffn_norm = nn.RMSNorm(dim, eps=eps)
@@ -180,13 +194,17 @@ class MetaBlock(nn.Module):
 
 
 class MetaLlama(nn.Module):
-    """Meta's reference Llama layout (llama/model.py): tok_embeddings, layers, norm, output."""
+    """Meta's reference Llama layout (llama/model.py): tok_embeddings, layers, norm, output.
+
+    ``halves``: Meta's names, transformers' rotary order (see :class:`MetaAttention`).
+    """
 
     def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 hidden: int, eps: float = 1e-6, theta: float = 10000.0) -> None:
+                 hidden: int, eps: float = 1e-6, theta: float = 10000.0,
+                 halves: bool = False) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList([MetaBlock(dim, n_heads, n_kv_heads, hidden, eps)
+        self.layers = nn.ModuleList([MetaBlock(dim, n_heads, n_kv_heads, hidden, eps, halves)
                                      for _ in range(n_layers)])
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.output = nn.Linear(dim, vocab, bias=False)

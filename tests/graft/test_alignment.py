@@ -14,6 +14,7 @@ from tests.graft.pairs.pairs import PAIRS, Outcome, Pair, graft_case
 from torchgraft.graft import build_plan
 from torchgraft.graft.evidence import SIBLINGS, Evidence, Verdict
 from torchgraft.graft.layouts import family_of
+from torchgraft.graft.passes import ROTARY_ORDER
 
 from .test_plan import side
 
@@ -127,8 +128,9 @@ def test_a_norm_between_two_convolutions_of_its_width_is_still_a_guess() -> None
 
 def test_torchtune_names_decide_the_rotary_order(tmp_path: Path) -> None:
     """transformers' Llama (halves apart) into torchtune's (interleaved): q and k rows are
-    reordered because the names say which families they are, not as a guess; only the head
-    count, which a bare file does not state, stays a guess until outputs are compared."""
+    reordered as the names' families store them. The names do not say which order the code
+    computes with, so that order is an assumption, and a bare file's head count another, until
+    outputs are compared."""
     pytest.importorskip("torchtune")
     from tests.graft.pairs.codebases import torchtune_llama
 
@@ -143,7 +145,8 @@ def test_torchtune_names_decide_the_rotary_order(tmp_path: Path) -> None:
     assert all(("head count" in guess.why) == (key in rotary)  # the rest: naming conventions
                for key, guess in bare.guesses.items())
     assert rotary <= set(bare.guesses)
-    assert [a.what for a in bare.assumptions] == ["attention head count", SIBLINGS]
+    assert [a.what for a in bare.assumptions] == ["attention head count", ROTARY_ORDER,
+                                                  SIBLINGS]
     filled = torchtune_llama().eval()
     report = tg.graft(tmp_path / "llama.pt", filled, source_model=hf_llama)
     assert report.verdict is Verdict.OK and not report.settled, str(report)
@@ -153,6 +156,39 @@ def test_torchtune_names_decide_the_rotary_order(tmp_path: Path) -> None:
     twin = graft_case(_pair("transformers Llama -> torchtune Llama"), "pt", tmp_path,
                       twin="heads")
     assert twin.verdict != "ok" and not twin.equal
+
+
+@pytest.mark.parametrize("halves", [False, True], ids=["Meta's order", "Meta's names only"])
+def test_a_rotary_order_by_names_alone_is_an_assumption_that_outputs_settle(halves: bool) -> None:
+    """A live transformers Llama into a model with Meta's names: its rows are reordered into
+    Meta's rotary order, which the names say and the model's code may not compute with (the
+    twin rotates halves, as transformers does). Without inputs the graft is unverified, never
+    ok; with inputs, outputs are compared, a wrong order is found and undone, and the model
+    computes the source's logits."""
+    from tests.graft.pairs.codebases import DIM, FFN, HEADS, KV_HEADS, LAYERS, VOCAB
+    from tests.models import MetaLlama
+
+    source = randomise(hf_llama()).eval()
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        logits = source(tokens).logits
+
+    def model() -> MetaLlama:
+        return MetaLlama(VOCAB, DIM, LAYERS, HEADS, KV_HEADS, FFN, halves=halves).eval()
+
+    blind = model()
+    report = tg.graft(source, blind)
+    assert report.verdict is Verdict.UNVERIFIED, str(report)
+    assert [a.what for a in report.assumptions] == [ROTARY_ORDER]
+    assert report.evidence["layers.0.attention.wq.weight"] is Evidence.GUESS
+    with torch.no_grad():
+        assert torch.allclose(blind(tokens), logits, atol=1e-5) is not halves
+    checked = model()
+    report = tg.graft(source, checked, example_inputs=(tokens,))
+    assert report.verdict is Verdict.OK and not report.assumptions, str(report)
+    assert bool(report.settled) is halves
+    with torch.no_grad():
+        assert torch.allclose(checked(tokens), logits, atol=1e-5)
 
 
 # Blocks aligned as units, whatever order their modules run in ----------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -354,11 +355,15 @@ def _source_norms(module: nn.Module | None,
     return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
 
 
+#: What a key may have been through and still compute what the source computes: layouts, and
+#: casts to a dtype at least as wide (a cast to a narrower one rounds the weights).
+_SAME_VALUES = re.compile(r"(transposed|rotary|fused|split|stacked|unstacked|by rule|reshaped|"
+                          r"unit offset|halves exchanged|cast (float16|bfloat16|float32)->"
+                          r"(float32|float64)$)")
+
+
 def _plain_copy(report: GraftReport) -> bool:
     """Whether the model should compute what the source computes: nothing adapted or missing."""
-    layout_only = all(text.startswith(("transposed", "rotary", "fused", "split", "stacked",
-                                       "unstacked", "by rule", "reshaped", "unit offset",
-                                       "halves exchanged")) for text in
-                      report.adapted.values())
+    layout_only = all(_SAME_VALUES.match(text) for text in report.adapted.values())
     return layout_only and report.complete and not report.reinitialised
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..wrappers import strip_wrappers
 from .adapt import Permute, RotaryPermute, Transpose
 from .conventions import role_of
-from .evidence import SIBLINGS, Assumption, Guess, MatchStep
+from .evidence import SIBLINGS, Assumption, Evidence, Guess, MatchStep
 from .head_sizes import head_size_mismatch
 from .heads import Described, head_assumption
 from .layouts import Layout, rotary_warning
@@ -321,6 +321,11 @@ def _surplus(plan: Plan, used: set[str]) -> None:
 
 #: Operations that only a layout between two code bases needs.
 _LAYOUT_OPS = (Transpose, Permute, RotaryPermute)
+#: What the assumption of a naming family's rotary order is called, and how to settle it.
+ROTARY_ORDER = "rotary row order"
+ROTARY_SETTLE = ("compare outputs: example_inputs= with a source module, source_model=, or the "
+                 "source's saved folder with its config.json (CLI: --verify with --inputs or "
+                 "--source-model); a wrong order is then found and undone")
 
 
 def _across(state: Planning) -> bool:
@@ -336,6 +341,31 @@ def _has_attention(side: Side) -> bool:
     return any(role_of(m) in _ROTARY_ROLES | {"v"} for m in modules)
 
 
+def _rotary_order(plan: Plan) -> None:
+    """Rows reordered because the naming families say so: an assumption, each key a guess.
+
+    A guess whose alternative is the rows as stored: where outputs are compared and diverge,
+    that order is tried (:mod:`~torchgraft.graft.settle`).
+    """
+    rotary = [(k, step, op) for k, step in enumerate(plan.steps) for op in step.ops
+              if isinstance(op, RotaryPermute)]
+    if not rotary:
+        return
+    why = ("names tell the naming family, not the rotary order its code computes with: a code "
+           "base may keep a family's names with the other order (torchtune's Phi-3 has "
+           "Llama's names and split halves)")
+    for k, step, _op in rotary:
+        if step.target not in plan.guesses:
+            plan.guesses[step.target] = Guess(
+                (f"{step.source} (rows as stored)", f"{step.source} (rotary rows permuted)"),
+                why, ROTARY_SETTLE)
+            plan.steps[k] = replace(step, evidence=Evidence.GUESS)
+    plan.assumptions.append(Assumption(
+        ROTARY_ORDER, f"{len(rotary)} keys' rows reordered as the two naming families store "
+        f"rotary rows (e.g. '{rotary[0][1].target}': {rotary[0][2].describe()})", why,
+        ROTARY_SETTLE))
+
+
 def assumptions(state: Planning) -> None:
     """Across code bases, what the checkpoint cannot confirm is an assumption."""
     plan = state.plan
@@ -344,6 +374,7 @@ def assumptions(state: Planning) -> None:
     heads = head_assumption(state.described, lambda: _has_attention(state.dst))
     if heads is not None:
         plan.assumptions.append(heads)
+    _rotary_order(plan)
     siblings = [s for s in plan.steps if s.target in state.by_convention]
     if siblings:
         plan.assumptions.append(Assumption(
