@@ -162,7 +162,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         plan = planned.plan
         plan.warnings[:0] = warnings
         _fill(plan, opened, target, state, sharded,
-              _Filling(on_meta, device, progress, modules, tensors))
+              _Filling(on_meta, device, progress, tensors))
     finally:
         opened.close()
     report = _report(plan, target_side, planned.source, scope)
@@ -206,14 +206,12 @@ def _init_for(on_meta: bool, init: Init, warnings: list[str]) -> tuple[Init, lis
 class _Filling:
     """How the target is filled: on the meta device or not, where, with what progress.
 
-    ``modules`` is the target's ``named_modules()`` and ``tensors`` its tensors, walked
-    once and shared.
+    ``tensors`` are the target's tensors, walked once and shared.
     """
 
     on_meta: bool
     device: str | torch.device | None
     progress: Callable[[int, int], None] | None
-    modules: list[tuple[str, nn.Module]]
     tensors: ModelTensors
 
 
