@@ -312,3 +312,28 @@ def test_fused_qkv_by_key_value_group_twin_with_other_heads_is_never_ok(tmp_path
         twin = _wrapped(GroupedSplit(2, 1))  # the same shapes, one group of 32 + 16 + 16
         assert tg.graft(given, twin).verdict is not Verdict.OK
         assert not torch.allclose(_run_b(twin), _run_b(source), atol=1e-4)
+
+
+@pytest.mark.parametrize("fused", ["wqkv", "qkv"])
+def test_a_fused_name_two_code_bases_store_apart_is_split_as_a_guess(fused: str) -> None:
+    """gpt-fast's ``wqkv`` is [Q; K; V] blocks, InternLM2's key/value group by group: split
+    by the name alone, each part is a guess that compared outputs settle. timm's ``qkv`` says
+    its layout: its parts are no guess."""
+    from torchgraft.graft import TensorInfo
+    from torchgraft.graft.fusion import add_virtual
+    from torchgraft.graft.sides import Side
+    from torchgraft.graft.source import open_source
+
+    def side(shapes: dict[str, tuple[int, ...]]) -> Side:
+        return Side({n: TensorInfo(n, s, torch.float32, "linear") for n, s in shapes.items()})
+
+    refs = open_source({f"blocks.0.attn.{fused}.weight": torch.zeros(96, 32)}).refs
+    source = side({f"blocks.0.attn.{fused}.weight": (96, 32)})
+    model = side({f"blocks.0.attn.{p}.weight": (32, 32) for p in ("q_proj", "k_proj", "v_proj")})
+    _, virtual = add_virtual(source, refs, model)
+    assert len(virtual) == 3
+    guesses = [v.guess() for v in virtual]
+    if fused == "wqkv":
+        assert all(g is not None and "InternLM2" in g.why for g in guesses)
+    else:
+        assert guesses == [None, None, None]

@@ -13,7 +13,7 @@ shapes is split (or parts fused).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..meta import TensorRef
 from .bare import module_and_leaf
@@ -336,13 +336,31 @@ def _virtual_for(fusion: Fusion, src: Side, refs: dict[str, TensorRef], dst: Sid
     names, parts = fusion.fused, frozenset().union(*fusion.parts)
     if not in_dst.isdisjoint(names) and in_src.isdisjoint(names) and _whole(fusion, in_dst):
         per_head = not in_dst.isdisjoint(fusion.per_head)
-        return _fitting(fusion, _fuse(src, refs, fusion, dst, head_dim_of(src, dst)
-                                      if per_head else None), refs, dst, names)
+        return _contested(_fitting(fusion, _fuse(src, refs, fusion, dst, head_dim_of(src, dst)
+                                                 if per_head else None), refs, dst, names),
+                          in_dst & names)
     if (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
             and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
-        return _fitting(fusion, _split(src, refs, fusion, dst, head_dim_of(src, dst)), refs,
-                        dst, parts)
+        return _contested(_fitting(fusion, _split(src, refs, fusion, dst, head_dim_of(src, dst)),
+                                   refs, dst, parts), in_src & names)
     return []
+
+
+#: Fused names that code bases store in different layouts: read by the name alone, each key
+#: is a guess that compared outputs settle.
+CONTESTED = {
+    "wqkv": ("gpt-fast stores a fused 'wqkv' as [Q; K; V] blocks, InternLM2 key/value group "
+             "by group: the name does not say which one this is"),
+}
+
+
+def _contested(virtual: list[Virtual], fused: set[str]) -> list[Virtual]:
+    """The virtual tensors, each a guess where the fused side's name is :data:`CONTESTED`."""
+    why = next((CONTESTED[name] for name in sorted(fused) if name in CONTESTED), None)
+    if why is None:
+        return virtual
+    return [replace(v, doubt=v.doubt or why, alternatives=v.alternatives or (
+        f"{v.name} (another code base's layout of the fused rows)",)) for v in virtual]
 
 
 def add_virtual(src: Side, refs: dict[str, TensorRef], dst: Side) -> tuple[Side, list[Virtual]]:
