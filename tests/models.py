@@ -128,7 +128,7 @@ class MetaAttention(nn.Module):
     base that keeps Meta's names may compute.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, halves: bool = False) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, *, halves: bool = False) -> None:
         super().__init__()
         self.rotate = _rotate_halves if halves else _rotate_pairs
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
@@ -180,10 +180,10 @@ class MetaFeedForward(nn.Module):
 
 
 class MetaBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float,
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, eps: float, *,
                  halves: bool = False) -> None:
         super().__init__()
-        self.attention = MetaAttention(dim, n_heads, n_kv_heads, halves)
+        self.attention = MetaAttention(dim, n_heads, n_kv_heads, halves=halves)
         self.feed_forward = MetaFeedForward(dim, hidden)
         self.attention_norm = nn.RMSNorm(dim, eps=eps)
         self.ffn_norm = nn.RMSNorm(dim, eps=eps)
@@ -200,11 +200,11 @@ class MetaLlama(nn.Module):
     """
 
     def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
-                 hidden: int, eps: float = 1e-6, theta: float = 10000.0,
+                 hidden: int, eps: float = 1e-6, theta: float = 10000.0, *,
                  halves: bool = False) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList([MetaBlock(dim, n_heads, n_kv_heads, hidden, eps, halves)
+        self.layers = nn.ModuleList([MetaBlock(dim, n_heads, n_kv_heads, hidden, eps, halves=halves)
                                      for _ in range(n_layers)])
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.output = nn.Linear(dim, vocab, bias=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,11 +78,18 @@ def hooked() -> nn.Module:
     return model
 
 
+def own_instance_save() -> nn.Module:
+    model = plain()
+    model[2]._save_to_state_dict = lambda destination, prefix, keep_vars: None  # type: ignore[method-assign]
+    return model
+
+
 @pytest.mark.parametrize("build", [
-    shared, hooked,
+    shared, hooked, own_instance_save,
     lambda: nn.Sequential(Extra(2, 2), nn.Linear(2, 2)),
     lambda: nn.Sequential(OwnSave(2, 2), nn.Linear(2, 2)),
-], ids=["shared module", "state-dict hook", "extra state", "own _save_to_state_dict"])
+], ids=["shared module", "state-dict hook", "an instance's own _save_to_state_dict",
+        "extra state", "own _save_to_state_dict"])
 def test_what_the_walk_cannot_stand_for_is_torch_s_own(build: Any) -> None:
     model = build()
     same_as_torch(model)
@@ -91,6 +99,28 @@ def test_a_shared_module_s_keys_are_under_both_paths() -> None:
     modules, tensors = walk_model(shared())
     assert "again.proj.weight" in tensors.state and "0.proj.weight" in tensors.state
     assert [p for p, _ in modules].count("again") == 0  # named_modules lists it once
+
+
+class MakesACache(nn.Linear):
+    """Registers a buffer on its first call, as some attention caches do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "cache"):
+            self.register_buffer("cache", torch.zeros(2, device=x.device), persistent=False)
+        return super().forward(x)
+
+
+def test_a_buffer_a_meta_forward_makes_is_still_reported_on_meta(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    import torchgraft as tg
+
+    save_file({"weight": torch.ones(2, 2), "bias": torch.ones(2)}, tmp_path / "w.safetensors")
+    with torch.device("meta"):
+        model = MakesACache(2, 2)
+    report = tg.graft(tmp_path / "w.safetensors", model, example_inputs=(torch.ones(1, 2),),
+                      verify=False)
+    assert report.missing == ["cache"] and report.loaded == ["weight", "bias"]
 
 
 def test_a_meta_model_says_so_and_which_tensors_stay_there() -> None:

@@ -114,7 +114,7 @@ def test_a_hand_written_meta_llama_grafts_and_other_head_counts_never_do() -> No
     """Meta's reference layout (wq/wk/.., rotary on interleaved pairs): the file's rows are
     un-permuted on read and permuted to Meta's order by the graft, with the file's head size.
     Meta's names do not say the model computes in Meta's order: unverified until outputs are
-    compared with the file's own model (``source_model=``), then ok."""
+    compared with the file's own model (``source_model=``, ``verify=True``), then ok."""
     from tests.models import MetaLlama
 
     model = MetaLlama(64, 256, 2, 4, 2, 256, eps=1e-6).eval()
@@ -128,7 +128,7 @@ def test_a_hand_written_meta_llama_grafts_and_other_head_counts_never_do() -> No
     # Meta's rotary is computed as complex pairs: measured 4.5e-7 (logits up to 0.76).
     np.testing.assert_allclose(logits, io["logits"], rtol=0, atol=1e-5)
     checked = tg.graft(LLAMA, MetaLlama(64, 256, 2, 4, 2, 256, eps=1e-6).eval(),
-                       source_model=_llama)
+                       source_model=_llama, verify=True)  # float16 matrices cast: asked for
     assert checked.ok and checked.verified_with, checked
     for heads, kv_heads in ((8, 4), (2, 1)):  # same shapes, other head sizes
         assert not tg.graft(LLAMA, MetaLlama(64, 256, 2, heads, kv_heads, 256), strict=False).ok

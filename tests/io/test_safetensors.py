@@ -40,6 +40,8 @@ def _rewrite_header(path: Path, edit: object) -> None:
     (lambda h: h["w"].update(data_offsets=[0, 10**9]), "data_offsets span"),
     (lambda h: h["w"].update(shape=[10**6], data_offsets=[0, 4 * 10**6]), "truncated"),
     (lambda h: h["w"].update(dtype="float"), "unknown dtype"),
+    (lambda h: h["w"].update(dtype=[]), "unknown dtype"),
+    (lambda h: h["w"].update(shape=[True, 16]), "malformed shape"),
     (lambda h: h["w"].update(shape=[-1, 4]), "malformed shape"),
     (lambda h: h["w"].update(data_offsets=[8, 72]), "overlap"),
     (lambda h: h.update(__metadata__=[1]), "__metadata__"),

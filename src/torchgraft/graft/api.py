@@ -151,6 +151,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               "compare its outputs after the graft, or pass verify='auto'")
     target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
                               tensors=state, modules=modules)
+    if on_meta and example_inputs is not None:  # the forward may have made tensors on meta
+        modules, tensors = walk_model(target)
+        state = tensors.state
     opened = open_source(source, example_inputs=source_inputs, **opening)
     try:
         scope = _adapter_scope(opened, target, target_side.tensors)
@@ -353,15 +356,19 @@ def _source_norms(module: nn.Module | None,
     return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
 
 
-#: What a key may have been through and still compute what the source computes: layouts, and
-#: casts to a dtype at least as wide (a cast to a narrower one rounds the weights).
-_SAME_VALUES = re.compile(r"(transposed|rotary|fused|split|stacked|unstacked|by rule|reshaped|"
-                          r"unit offset|halves exchanged|cast (float16|bfloat16|float32)->"
-                          r"(float32|float64)$)")
+#: What a key may have been through and still compute what the source computes: layouts only
+#: (a cast rounds, or makes the model compute in another precision than its source).
+_LAYOUTS_ONLY = re.compile(r"(transposed|rotary|fused|split|stacked|unstacked|by rule|reshaped|"
+                           r"unit offset|halves exchanged)")
 
 
 def _plain_copy(report: GraftReport) -> bool:
-    """Whether the model should compute what the source computes: nothing adapted or missing."""
-    layout_only = all(_SAME_VALUES.match(text) for text in report.adapted.values())
+    """Whether the model should compute what the source computes: nothing adapted or missing.
+
+    Every operation a key went through counts (``"transposed; cast float32->float16"`` is
+    not a layout alone).
+    """
+    layout_only = all(_LAYOUTS_ONLY.match(part) for text in report.adapted.values()
+                      for part in text.split("; "))
     return layout_only and report.complete and not report.reinitialised
 

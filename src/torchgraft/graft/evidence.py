@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["EXIT_CODES", "NAME_STEPS", "SETTLE", "SIBLINGS", "Assumption", "Evidence", "Guess",
+__all__ = ["EXIT_CODES", "NAME_STEPS", "ROTARY_ALTERNATIVE", "SETTLE", "SIBLINGS", "Assumption",
+           "Evidence", "Guess",
            "MatchStep", "TextEnum", "Verdict"]
 
 
@@ -101,6 +102,15 @@ class Guess:
 
 #: What the assumption of guessed siblings is called (each such key is a guess too).
 SIBLINGS = "same-shape siblings"
+
+#: How a guess names the other rotary order of a key's rows: where outputs diverge, that order
+#: is tried (:mod:`~torchgraft.graft.settle`).
+ROTARY_ALTERNATIVE = "(rotary rows permuted)"
+
+
+def rotary_alternatives(source: str) -> tuple[str, str]:
+    """A rotary guess's alternatives: the source's rows as stored, or in the other order."""
+    return f"{source} (rows as stored)", f"{source} {ROTARY_ALTERNATIVE}"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from ..wrappers import strip_wrappers
 from .adapt import Permute, RotaryPermute, Transpose
 from .conventions import role_of
-from .evidence import SIBLINGS, Assumption, Evidence, Guess, MatchStep
+from .evidence import SIBLINGS, Assumption, Evidence, Guess, MatchStep, rotary_alternatives
 from .head_sizes import head_size_mismatch
 from .heads import Described, head_assumption
 from .layouts import Layout, rotary_warning
@@ -235,7 +235,7 @@ def rotary(state: Planning) -> None:
     for target in structural:
         if role_of(target.rpartition(".")[0]) in _ROTARY_ROLES and target not in plan.guesses:
             plan.guesses[target] = Guess(
-                (f"{pairs[target]} (rows as stored)", f"{pairs[target]} (rotary rows permuted)"),
+                rotary_alternatives(pairs[target]),
                 "one side is a rotary (RoPE) family and the other is not known: the rows may "
                 "be in the other rotary order")
 
@@ -344,8 +344,8 @@ def _has_attention(side: Side) -> bool:
 def _rotary_order(plan: Plan) -> None:
     """Rows reordered because the naming families say so: an assumption, each key a guess.
 
-    A guess whose alternative is the rows as stored: where outputs are compared and diverge,
-    that order is tried (:mod:`~torchgraft.graft.settle`).
+    A guess whose alternatives include the rows as stored: where outputs are compared and
+    diverge, that order is tried (:mod:`~torchgraft.graft.settle`).
     """
     rotary = [(k, step, op) for k, step in enumerate(plan.steps) for op in step.ops
               if isinstance(op, RotaryPermute)]
@@ -355,11 +355,12 @@ def _rotary_order(plan: Plan) -> None:
            "base may keep a family's names with the other order (torchtune's Phi-3 has "
            "Llama's names and split halves)")
     for k, step, _op in rotary:
-        if step.target not in plan.guesses:
-            plan.guesses[step.target] = Guess(
-                (f"{step.source} (rows as stored)", f"{step.source} (rotary rows permuted)"),
-                why, ROTARY_SETTLE)
-            plan.steps[k] = replace(step, evidence=Evidence.GUESS)
+        known = plan.guesses.get(step.target)  # a guess already (a head count...): the other
+        plan.guesses[step.target] = (  # rotary order is one more alternative to it
+            Guess(rotary_alternatives(step.source), why, ROTARY_SETTLE) if known is None else
+            replace(known, alternatives=(*known.alternatives,
+                                         *rotary_alternatives(step.source))))
+        plan.steps[k] = replace(step, evidence=Evidence.GUESS)
     plan.assumptions.append(Assumption(
         ROTARY_ORDER, f"{len(rotary)} keys' rows reordered as the two naming families store "
         f"rotary rows (e.g. '{rotary[0][1].target}': {rotary[0][2].describe()})", why,

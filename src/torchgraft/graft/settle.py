@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .adapt import RotaryPermute
-from .evidence import Evidence
+from .evidence import ROTARY_ALTERNATIVE, Evidence
 from .glu import PARTS_REORDERED
 from .heads import model_heads
 from .plan import Plan
@@ -61,7 +61,7 @@ class Hypothesis:
                 report.mapping[first], report.mapping[second] = (report.mapping[second],
                                                                  report.mapping[first])
             for key, permute in self.permutes:
-                way = RotaryPermute(permute.head_dim, permute.to_meta != undo)
+                way = RotaryPermute(permute.head_dim, permute.to_meta != undo, permute.rows)
                 state[key].copy_(way.apply(state[key].detach().clone(), state[key]))
             for key in self.halves:  # its own inverse
                 top, bottom = state[key].detach().clone().chunk(2)
@@ -159,19 +159,23 @@ def _swaps(report: GraftReport, guessed: list[str]) -> list[Hypothesis]:
     return found
 
 
-_ROTARY_ALTERNATIVE = "(rotary rows permuted)"
-
-
 def _rotary(report: GraftReport, guessed: list[str], head_dims: Iterable[int]) -> list[Hypothesis]:
-    rows = tuple(k for k in guessed if k.endswith(".weight") and any(
-        a.endswith(_ROTARY_ALTERNATIVE) for a in report.guesses[k].alternatives))
+    """For guessed rotary rows, the q and k weights and biases in the other rotary order.
+
+    A fused ``[Q; K; V]`` keeps its V rows: the rows the graft reordered are the ones tried.
+    """
+    rows = tuple(k for k in guessed if k.endswith((".weight", ".bias")) and any(
+        a.endswith(ROTARY_ALTERNATIVE) for a in report.guesses[k].alternatives))
     if not rows:
         return []
+    reordered = {step.target: op.rows for step in report.plan.steps for op in step.ops
+                 if isinstance(op, RotaryPermute)} if report.plan is not None else {}
     where = _module(_module(rows[0])) or "the model"
     return [Hypothesis(f"rotary rows of {', '.join(repr(k) for k in rows)} permuted ("
                        f"{'transformers -> Meta' if to_meta else 'Meta -> transformers'} order, "
                        f"head_dim {head_dim}) in '{where}'",
-                       permutes=tuple((k, RotaryPermute(head_dim, to_meta)) for k in rows))
+                       permutes=tuple((k, RotaryPermute(head_dim, to_meta, reordered.get(k)))
+                                      for k in rows))
             for head_dim in dict.fromkeys(head_dims) for to_meta in (True, False)]
 
 

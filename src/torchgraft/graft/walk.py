@@ -26,13 +26,18 @@ _PLAIN: dict[type, bool] = {}
 
 
 def _plain(module: nn.Module) -> bool:
-    """Whether torch's own walks of this module are what :func:`walk_model` computes."""
+    """Whether torch's own walks of this module are what :func:`walk_model` computes.
+
+    Its class keeps torch's methods (asked once per class), and neither hooks nor methods of
+    its own change them.
+    """
     cls = type(module)
     plain = _PLAIN.get(cls)
     if plain is None:
         plain = _PLAIN[cls] = all(getattr(cls, name, None) is method
                                   for name, method in _TORCH_METHODS.items())
-    return plain and not module._state_dict_hooks and not module._state_dict_pre_hooks
+    return (plain and not module._state_dict_hooks and not module._state_dict_pre_hooks
+            and _TORCH_METHODS.keys().isdisjoint(module.__dict__))  # nor set on the instance
 
 
 def walk_model(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], ModelTensors]:

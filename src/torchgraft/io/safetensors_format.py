@@ -99,7 +99,7 @@ def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str,
     if type(entry) is not dict:
         raise _bad(name, "is not an object", source)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # a list would not even hash
         if isinstance(dtype, str) and dtype.isupper():
             raise UnsupportedCheckpointError(f"tensor '{name}' has dtype {dtype}, not read yet",
                                              path=source.name)

@@ -9,14 +9,19 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tests.models import _rotate_pairs
+from tests.models import _rotate_halves, _rotate_pairs
 
 
 class GptFastAttention(nn.Module):
-    """gpt-fast's attention: one fused ``wqkv`` of [Q; K; V] (K and V have fewer heads)."""
+    """gpt-fast's attention: one fused ``wqkv`` of [Q; K; V] (K and V have fewer heads).
 
-    def __init__(self, dim: int, n_head: int, n_local_heads: int) -> None:
+    ``halves``: rotary on each head's two halves (transformers' order) under gpt-fast's names.
+    """
+
+    def __init__(self, dim: int, n_head: int, n_local_heads: int, *,
+                 halves: bool = False) -> None:
         super().__init__()
+        self.rotate = _rotate_halves if halves else _rotate_pairs
         self.n_head, self.n_local_heads = n_head, n_local_heads
         self.head_dim = dim // n_head
         self.wqkv = nn.Linear(dim, (n_head + 2 * n_local_heads) * self.head_dim, bias=False)
@@ -26,8 +31,8 @@ class GptFastAttention(nn.Module):
         b, t, _ = x.shape
         kv = self.n_local_heads * self.head_dim
         q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        q = _rotate_pairs(q.view(b, t, self.n_head, self.head_dim), cos, sin)
-        k = _rotate_pairs(k.view(b, t, self.n_local_heads, self.head_dim), cos, sin)
+        q = self.rotate(q.view(b, t, self.n_head, self.head_dim), cos, sin)
+        k = self.rotate(k.view(b, t, self.n_local_heads, self.head_dim), cos, sin)
         v = v.view(b, t, self.n_local_heads, self.head_dim)
         rep = self.n_head // self.n_local_heads
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
@@ -49,9 +54,9 @@ class GptFastFeedForward(nn.Module):
 
 class GptFastBlock(nn.Module):
     def __init__(self, dim: int, n_head: int, n_local_heads: int, hidden: int,
-                 eps: float) -> None:
+                 eps: float, *, halves: bool = False) -> None:
         super().__init__()
-        self.attention = GptFastAttention(dim, n_head, n_local_heads)
+        self.attention = GptFastAttention(dim, n_head, n_local_heads, halves=halves)
         self.feed_forward = GptFastFeedForward(dim, hidden)
         self.ffn_norm = nn.RMSNorm(dim, eps=eps)
         self.attention_norm = nn.RMSNorm(dim, eps=eps)
@@ -62,13 +67,18 @@ class GptFastBlock(nn.Module):
 
 
 class GptFastLlama(nn.Module):
-    """gpt-fast's ``Transformer`` (model.py): tok_embeddings, fused wqkv, w1/w3/w2, output."""
+    """gpt-fast's ``Transformer`` (model.py): tok_embeddings, fused wqkv, w1/w3/w2, output.
+
+    ``halves``: gpt-fast's names, transformers' rotary order.
+    """
 
     def __init__(self, vocab: int, dim: int, n_layer: int, n_head: int, n_local_heads: int,
-                 hidden: int, eps: float = 1e-6, base: float = 10000.0) -> None:
+                 hidden: int, eps: float = 1e-6, base: float = 10000.0, *,
+                 halves: bool = False) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(GptFastBlock(dim, n_head, n_local_heads, hidden, eps)
+        self.layers = nn.ModuleList(GptFastBlock(dim, n_head, n_local_heads, hidden, eps,
+                                                 halves=halves)
                                     for _ in range(n_layer))
         self.norm = nn.RMSNorm(dim, eps=eps)
         self.output = nn.Linear(dim, vocab, bias=False)
