@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = ["EXIT_CODES", "NAME_STEPS", "ROTARY_ALTERNATIVE", "SETTLE", "SIBLINGS", "Assumption",
-           "Evidence", "Guess",
-           "MatchStep", "TextEnum", "Verdict"]
+           "Evidence", "Guess", "MatchStep", "TextEnum", "Verdict", "rotary_alternatives"]
 
 
 class TextEnum(str, Enum):

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .sides import tied_keys
+
 __all__ = ["META_DEFAULTS", "ModelTensors", "Modules", "materialise"]
 
 #: Bookkeeping buffers a checkpoint may lack, with the value a fresh module gives them.
@@ -113,10 +115,8 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
     """
     state = model.state_dict(keep_vars=True) if state is None else state
     others: dict[int, list[str]] = {}  # a tied tensor's keys (several names, one tensor)
-    first: dict[int, str] = {}
-    for name, tensor in state.items():
-        if first.setdefault(id(tensor), name) != name:
-            others.setdefault(id(tensor), [first[id(tensor)]]).append(name)
+    for later, first in tied_keys(state).items():
+        others.setdefault(id(state[first]), [first]).append(later)
     holders = (ModelTensors(model.named_modules()) if tensors is None else tensors).holders
     zero = set(zeroed)
     values = values or {}
