@@ -52,3 +52,27 @@ def test_npy_without_torch_dtype(tmp_path: Path) -> None:
     np.save(path, np.array(["a", "b"]))
     with pytest.raises(tg.UnsupportedCheckpointError, match="torch lacks"):
         tg.open(path)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_npy_of_every_header_version(tmp_path: Path, version: tuple[int, int]) -> None:
+    array = _arrays()["w"]
+    path = tmp_path / "w.npy"
+    with path.open("wb") as f:
+        np.lib.format.write_array(f, array, version=version)
+    assert_same_state(tg.load(path), _expected({"w": array}))
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+def test_a_header_length_past_what_numpy_reads_is_refused_before_it_is_read(
+        tmp_path: Path, version: tuple[int, int]) -> None:
+    """A 2.0 header may state 4 GiB of header: numpy would read that many bytes first."""
+    path = tmp_path / "w.npy"
+    with path.open("wb") as f:
+        np.lib.format.write_array(f, _arrays()["w"], version=version)
+    raw = bytearray(path.read_bytes())
+    width = 2 if version == (1, 0) else 4
+    raw[8:8 + width] = (2**(8 * width) - 1).to_bytes(width, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(tg.CorruptCheckpointError, match="malformed header.*header length"):
+        tg.open(path)

@@ -7,6 +7,7 @@ decompressed when read.
 
 from __future__ import annotations
 
+import io
 import math
 import zipfile
 from pathlib import Path
@@ -28,14 +29,25 @@ __all__ = ["NPY_FORMAT", "NPZ_FORMAT"]
 _NPY_MAGIC = b"\x93NUMPY"
 
 
+#: The longest header numpy reads by default (``max_header_size``): a longer one is refused
+#: before its bytes are read, as numpy reads a header's stated length before checking it.
+_MAX_HEADER = 10_000
+
+
 def _header(stream: IO[bytes], name: str,
             source: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     try:
         version = np.lib.format.read_magic(stream)
+        width = 2 if version == (1, 0) else 4  # the header length's bytes
+        stated = stream.read(width)
+        length = int.from_bytes(stated, "little")
+        if len(stated) < width or length > _MAX_HEADER:
+            raise ValueError(f"its header length {length} is truncated or over {_MAX_HEADER}")
+        header = io.BytesIO(stated + stream.read(length))
         if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(header)
         else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(header)
     except (ValueError, SyntaxError, TokenError) as exc:  # the header is a Python literal
         raise CorruptCheckpointError(f"array '{name}' has a malformed header: {exc}",
                                      path=source) from None
