@@ -86,9 +86,9 @@ def pair_ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]],
 
 #: Steps of tg.graft timed by :func:`timed_steps`: the module that calls each, and its name.
 STEPS = (("api", "walk_model"), ("api", "open_source"), ("api", "module_side"),
-         ("api", "describe_sides"), ("planned", "add_virtual"), ("planned", "add_experts"),
-         ("planned", "build_plan"), ("api", "materialise"), ("api", "execute_plan"),
-         ("api", "_report"))
+         ("api", "describe_sides"), ("plan.build", "add_virtual"),
+         ("plan.build", "add_experts"), ("plan.build", "build_plan"),
+         ("fill.target", "materialise"), ("fill.target", "execute_plan"), ("api", "_report"))
 
 
 def timed_steps() -> dict[str, float]:

@@ -25,8 +25,8 @@ import transformers  # noqa: E402
 from tests.models import MetaLlama  # noqa: E402
 
 from torchgraft.graft import Side, build_plan  # noqa: E402
-from torchgraft.graft.layouts import layouts_for  # noqa: E402
-from torchgraft.graft.sides import module_side  # noqa: E402
+from torchgraft.graft.layouts.catalogue import layouts_for  # noqa: E402
+from torchgraft.graft.sides.model import module_side  # noqa: E402
 
 
 def main() -> None:

@@ -101,10 +101,10 @@ def plan_only(path: Path, layout: str) -> dict[str, float]:
     import gc
     import tracemalloc
 
-    from torchgraft.graft.layouts import layouts_for
-    from torchgraft.graft.plan import build_plan
-    from torchgraft.graft.sides import module_side
-    from torchgraft.graft.source import open_source
+    from torchgraft.graft.layouts.catalogue import layouts_for
+    from torchgraft.graft.plan.build import build_plan
+    from torchgraft.graft.sides.model import module_side
+    from torchgraft.graft.sides.source import open_source
 
     model = build(layout)
     dst = module_side(model)

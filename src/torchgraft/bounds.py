@@ -9,18 +9,23 @@ one byte, and stays a view. Plain Python integers are used throughout: no produc
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, TorchgraftError
 
-__all__ = ["MAX_NDIM", "check_fits", "check_length", "check_shape", "check_view",
-           "view_extent"]
+__all__ = ["MAX_INDEX_BYTES", "MAX_NDIM", "check_fits", "check_length", "check_shape",
+           "check_view", "read_json", "view_extent"]
 
 #: More dimensions than this is no tensor (torch allows 64... in practice, far fewer).
 MAX_NDIM = 64
+#: An index larger than this is not one (a 70B model's weight map is about 100 KiB).
+MAX_INDEX_BYTES = 64 * 1024 * 1024
 
 
 def _integer(value: Any) -> bool:
@@ -141,3 +146,52 @@ def check_view(shape: Sequence[int], stride: Sequence[int], offset: int, numel: 
         raise CorruptCheckpointError(
             f"tensor '{what}' of shape {tuple(shape)} reaches element {extent - 1} of a "
             f"storage with {numel}", path=source)
+
+
+def read_json(path: Path, *, limit: int, what: str,
+              error: type[TorchgraftError] = CorruptCheckpointError) -> Any:
+    """A small JSON file beside a checkpoint (an index, a config), read within bounds.
+
+    The file must be a regular file (a FIFO or a device is refused before it is opened, so
+    nothing blocks) of at most ``limit`` bytes, UTF-8 text, valid JSON, nested no deeper than
+    Python's parser goes. It is read once, at most ``limit`` + 1 bytes, so a file that grows
+    after it was measured is refused too.
+
+    Args:
+        path: The file.
+        limit: Its largest plausible size in bytes.
+        what: What it is, for messages (``"the index"``, ``"config.json"``).
+        error: The error class raised (a file that is part of the checkpoint is corrupt;
+            a sidecar the user gave is a plain :class:`~torchgraft.errors.TorchgraftError`).
+
+    Returns:
+        The parsed value (any JSON value: the caller checks its shape).
+
+    Raises:
+        TorchgraftError: Of class ``error``, naming the file, if it is not a regular file, is
+            larger than ``limit``, or is not valid UTF-8 JSON.
+    """
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{what} is not a regular file", path=path)
+        with open(path, "rb", opener=_no_block) as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{what} cannot be read: {exc.strerror or exc}", path=path) from None
+    if len(raw) > limit:
+        raise error(f"{what} is over {limit} bytes, more than any such file needs", path=path)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                    path=path) from None
+    except ValueError as exc:
+        raise error(f"{what} is not valid JSON: {exc}", path=path) from None
+    except RecursionError:
+        raise error(f"{what} is nested too deep to be what it claims", path=path) from None
+
+
+def _no_block(path: str, flags: int) -> int:
+    """Open without blocking: a file swapped for a FIFO after it was measured does not hang."""
+    return os.open(path, flags | os.O_NONBLOCK)

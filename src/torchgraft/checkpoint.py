@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -28,7 +29,7 @@ from .meta import TensorMeta, TensorRef, parse_dtype
 from .safe_pickle import skipped_calls
 from .wrappers import Wrapper, detect_wrappers
 
-__all__ = ["Checkpoint", "open"]
+__all__ = ["Checkpoint", "OpenOptions", "open", "open_with"]
 
 logger = logging.getLogger("torchgraft")
 
@@ -237,6 +238,33 @@ def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dty
     return tensor.to(target)
 
 
+@dataclass(frozen=True)
+class OpenOptions:
+    """How a checkpoint path is opened: the same four choices wherever a path is read.
+
+    :func:`open`, :func:`~torchgraft.load`, :func:`~torchgraft.inspect`,
+    :func:`~torchgraft.convert` and :func:`~torchgraft.graft` take them as keyword arguments
+    of these names.
+
+    Attributes:
+        unsafe: Let pickles call globals outside torchgraft's allow-list. This runs code from
+            the file: use it only for files you trust.
+        weights_key: Where the weights are in a training checkpoint (``"state_dict_ema"``);
+            found automatically when ``None``.
+        component: In a folder of several models (a diffusers pipeline, a sentence-
+            transformers model), open this part alone (``"unet"``); all parts when ``None``.
+        follow_links: Follow links out of the checkpoint's folder. Without it a part (a
+            shard, a data file, a rank file) that links out is refused, unless the link stays
+            inside a recognised model store (the Hugging Face Hub cache's ``blobs``,
+            git-annex or DVC objects of the same repository).
+    """
+
+    unsafe: bool = False
+    weights_key: str | None = None
+    component: str | None = None
+    follow_links: bool = False
+
+
 def open(path: str | os.PathLike[str], *, unsafe: bool = False,
          weights_key: str | None = None, component: str | None = None,
          follow_links: bool = False) -> Checkpoint:
@@ -249,16 +277,26 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
 
     Args:
         path: A checkpoint file or directory.
-        unsafe: Let pickles call globals outside torchgraft's allow-list. This runs code from
-            the file: use it only for files you trust.
-        weights_key: Where the weights are in a training checkpoint (``"state_dict_ema"``);
-            found automatically when ``None``.
-        component: In a folder of several models (a diffusers pipeline, a sentence-
-            transformers model), open this part alone (``"unet"``); all parts when ``None``.
-        follow_links: Follow links out of the checkpoint's folder. Without it a part (a
-            shard, a data file, a rank file) that links out is refused, unless the link stays
-            inside a recognised model store (the Hugging Face Hub cache's ``blobs``,
-            git-annex or DVC objects of the same repository).
+        unsafe: See :class:`OpenOptions` (runs code from the file: only for files you trust).
+        weights_key: See :class:`OpenOptions`.
+        component: See :class:`OpenOptions`.
+        follow_links: See :class:`OpenOptions`.
+
+    Returns:
+        The opened checkpoint; close it, or use it in a ``with`` block.
+
+    Raises:
+        TorchgraftError: Any failure, naming the file: a subclass says which kind.
+    """
+    return open_with(path, OpenOptions(unsafe, weights_key, component, follow_links))
+
+
+def open_with(path: str | os.PathLike[str], options: OpenOptions) -> Checkpoint:
+    """Open a checkpoint as :func:`open` does, with its options as one value.
+
+    Args:
+        path: A checkpoint file or directory.
+        options: How to open it.
 
     Returns:
         The opened checkpoint; close it, or use it in a ``with`` block.
@@ -267,10 +305,11 @@ def open(path: str | os.PathLike[str], *, unsafe: bool = False,
         TorchgraftError: Any failure, naming the file: a subclass says which kind.
     """
     location = Path(path)
-    contents = open_contents(location, ReadOptions(unsafe=unsafe, component=component,
-                                                          follow_links=follow_links))
+    contents = open_contents(location, ReadOptions(unsafe=options.unsafe,
+                                                   component=options.component,
+                                                   follow_links=options.follow_links))
     try:
-        selection = select_weights(contents.root, key=weights_key)
+        selection = select_weights(contents.root, key=options.weights_key)
     except TorchgraftError as exc:
         contents.close()
         raise exc.located(location) from None

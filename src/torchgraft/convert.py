@@ -11,13 +11,14 @@ from typing import Any
 
 import torch
 
-from .checkpoint import open as open_checkpoint
+from .checkpoint import OpenOptions, open_with
 from .containers import all_tensors
 from .errors import TorchgraftError
-from .graft.experts import per_expert
-from .graft.rules import RulesSpec, parse_rules, rename
+from .graft.layouts.experts import per_expert
+from .graft.layouts.rules import RulesSpec, parse_rules
 from .io import WriteJob
 from .meta import TensorRef, dtype_name, parse_dtype
+from .renames import rename
 from .save import resolve_format, write_job
 from .units import human_bytes, plural
 from .wrappers import strip_wrappers
@@ -149,10 +150,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         overwrite: Replace an existing destination.
         drop_extras: Write the weights only.
         max_shard_size: Shard safetensors or torch output (``"2GB"``).
-        unsafe: Let the source's pickle call code outside the allow-list.
-        weights_key: Where the weights are in a training checkpoint.
-        component: In a folder of several models (a diffusers pipeline, a sentence-
-            transformers model), open this part alone (``"unet"``); all parts when ``None``.
+        unsafe: See :class:`~torchgraft.checkpoint.OpenOptions` (runs code from the file).
+        weights_key: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        component: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        follow_links: See :class:`~torchgraft.checkpoint.OpenOptions`.
         keep_wrappers: Keep the prefixes that DataParallel, DDP or torch.compile added to every
             key (``module.``, ``_orig_mod.``; Lightning's ``model.`` inside a Lightning
             checkpoint); by default they are removed, before ``rules``, so the file loads into
@@ -163,8 +164,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             (each tensor's rows split as ``torch.chunk`` splits them, one file per rank), so
             each rank of a model sharded that way reads one file.
         progress: Called with (tensors done, total).
-        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
-            model store, such as the Hugging Face Hub cache, are followed anyway).
 
     Returns:
         The report.
@@ -179,8 +178,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     if ranks is not None and (fmt.writes != "dcp" or ranks < 1):
         raise TorchgraftError(f"ranks={ranks}: a DCP directory is written for 1 or more ranks; "
                               f"{fmt.writes} files are not split by rank", path=destination)
-    with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key,
-                         component=component, follow_links=follow_links) as ckpt:
+    with open_with(src, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
         refs = ckpt.tensor_refs()

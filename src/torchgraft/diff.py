@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .graft.source import SourceLike, open_source
+from .checkpoint import OpenOptions
+from .graft.sides.source import SourceLike, open_source
 from .meta import dtype_name
 from .wrappers import strip_wrappers
 
@@ -109,9 +110,9 @@ def diff(a: SourceLike, b: SourceLike, *, unsafe: bool = False,
     Raises:
         TorchgraftError: If either side cannot be read.
     """
-    left = open_source(a, unsafe=unsafe)
+    left = open_source(a, OpenOptions(unsafe=unsafe))
     try:
-        right = open_source(b, unsafe=unsafe)
+        right = open_source(b, OpenOptions(unsafe=unsafe))
     except BaseException:
         left.close()
         raise

@@ -103,12 +103,10 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
 
     Args:
         path: A checkpoint file or directory.
-        unsafe: Let pickles call globals outside the allow-list (runs code from the file).
-        weights_key: Where the weights are in a training checkpoint; found when ``None``.
-        component: In a folder of several models (a diffusers pipeline, a sentence-
-            transformers model), open this part alone (``"unet"``); all parts when ``None``.
-        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
-            model store, such as the Hugging Face Hub cache, are followed anyway).
+        unsafe: See :class:`~torchgraft.checkpoint.OpenOptions` (runs code from the file).
+        weights_key: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        component: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        follow_links: See :class:`~torchgraft.checkpoint.OpenOptions`.
 
     Returns:
         The summary: format, saved devices, wrappers, totals by dtype, extras, tensor table.
@@ -116,11 +114,10 @@ def inspect(path: str | os.PathLike[str], *, unsafe: bool = False,
     Raises:
         TorchgraftError: Any failure, naming the file.
     """
-    from .checkpoint import open as open_checkpoint
+    from .checkpoint import OpenOptions, open_with
     from .meta import dtype_name
 
-    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                         component=component, follow_links=follow_links) as ckpt:
+    with open_with(path, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         info = CheckpointInfo(
             path=str(ckpt.path), format=ckpt.format, tensors=ckpt.items_meta(),
             saved_devices=sorted(ckpt.saved_devices), wrappers=ckpt.wrappers,

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .checkpoint import open as open_checkpoint
+from .checkpoint import OpenOptions, open_with
 from .devices import DeviceMap, DeviceSpec
 
 __all__ = ["load"]
@@ -25,12 +25,10 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
         device: ``"cpu"``, ``"cuda:0"``, a :class:`torch.device`, or a mapping from saved
             devices such as ``{"cuda:1": "cuda:0"}``.
         dtype: Cast floating-point weights to this dtype; integer buffers are left alone.
-        unsafe: Let pickles call globals outside the allow-list (runs code from the file).
-        weights_key: Where the weights are in a training checkpoint; found when ``None``.
-        component: In a folder of several models (a diffusers pipeline, a sentence-
-            transformers model), open this part alone (``"unet"``); all parts when ``None``.
-        follow_links: Follow links out of the checkpoint's folder (links inside a recognised
-            model store, such as the Hugging Face Hub cache, are followed anyway).
+        unsafe: See :class:`~torchgraft.checkpoint.OpenOptions` (runs code from the file).
+        weights_key: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        component: See :class:`~torchgraft.checkpoint.OpenOptions`.
+        follow_links: See :class:`~torchgraft.checkpoint.OpenOptions`.
 
     Returns:
         Weight name to tensor, in stored order. CPU tensors may be memory-mapped
@@ -40,6 +38,5 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
         TorchgraftError: Any failure, naming the file.
     """
     devices = DeviceMap(device)
-    with open_checkpoint(path, unsafe=unsafe, weights_key=weights_key,
-                         component=component, follow_links=follow_links) as ckpt:
+    with open_with(path, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         return {name: ckpt.get(name, devices, dtype=dtype) for name in ckpt.keys()}

@@ -16,8 +16,8 @@ from torch import nn
 
 from .atomic import atomic_path
 from .errors import MissingDependencyError, TorchgraftError
-from .graft.sides import run_model, unwrap
-from .graft.verify import first_tensor
+from .graft.check.compare import first_tensor
+from .graft.sides.model import run_model, unwrap
 
 __all__ = ["ExportReport", "export_onnx"]
 

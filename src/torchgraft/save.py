@@ -16,11 +16,12 @@ import torch
 from torch import nn
 
 from .atomic import alive, atomic_dir, atomic_path, clean_stale
+from .bounds import MAX_INDEX_BYTES, read_json
 from .errors import CheckpointWriteError, TorchgraftError
-from .graft.experts import per_expert
 from .graft.layout_of import LayoutOf, in_layout_of
-from .graft.rules import RulesSpec
-from .graft.source import open_source
+from .graft.layouts.experts import per_expert
+from .graft.layouts.rules import RulesSpec
+from .graft.sides.source import open_source
 from .io import Format, WriteJob, formats
 from .meta import parse_dtype
 
@@ -205,8 +206,9 @@ def _indexed_shards(index: Path) -> set[str]:
     if not index.is_file():
         return set()
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-    except (OSError, ValueError, AttributeError, RecursionError):
+        weight_map = read_json(index, limit=MAX_INDEX_BYTES, what="the index").get(
+            "weight_map", {})
+    except (TorchgraftError, AttributeError):
         return set()
     return {name for name in map(str, weight_map.values()) if Path(name).name == name}
 

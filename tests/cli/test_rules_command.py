@@ -11,9 +11,9 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from tests.graft.layouts.test_op_rules import TO_FAST
 from tests.graft.pairs import references as ref
 from tests.graft.pairs.codebases import ARCHS, randomise
-from tests.graft.test_op_rules import TO_FAST
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 FACTORY = "tests/graft/pairs/codebases.py:gpt_fast_llama"

@@ -10,11 +10,10 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.graft.plan.test_plan import side
 from torchgraft.graft import GraftReport, build_plan, parse_rules
 from torchgraft.graft.evidence import EXIT_CODES, SIBLINGS, Evidence, Verdict
-from torchgraft.graft.heads import Described
-
-from .test_plan import side
+from torchgraft.graft.sides.heads import Described
 
 
 class Block(nn.Module):

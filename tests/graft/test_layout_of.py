@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import torchgraft as tg
+from tests.graft.layouts.test_op_rules import TO_FAST
 from tests.graft.pairs.codebases import ARCHS, DIM, LAYERS, VOCAB, randomise
 from tests.graft.pairs.pairs import outputs_equal, run
-from tests.graft.test_op_rules import TO_FAST
 from tests.models import NanoGPT
 
 GPT2, NANO = ARCHS["transformers GPT-2"], ARCHS["nanoGPT"]

@@ -8,7 +8,7 @@ within 1e-4 of their scale. Each pair also has broken twins that must not be rep
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,18 +222,17 @@ def test_pair_with_two_layers_swapped_is_caught(pair: Pair) -> None:
 
 
 def test_wrong_rotary_permutation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchgraft.graft import adapt
+    from torchgraft.graft.layouts import ops
 
     torch.manual_seed(0)
     source = hf_llama().eval()
-    original = adapt.RotaryPermute.apply
+    original = ops.RotaryRows.apply
 
-    def backwards(self: adapt.RotaryPermute, tensor: torch.Tensor,
-                  current: torch.Tensor) -> torch.Tensor:
-        flipped = adapt.RotaryPermute(self.head_dim, not self.to_meta)
-        return original(flipped, tensor, current)
+    def backwards(self: ops.RotaryRows, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        flipped = ops.RotaryRows(self.head_dim, not self.to_halves, self.rows)
+        return original(flipped, tensors)
 
-    monkeypatch.setattr(adapt.RotaryPermute, "apply", backwards)
+    monkeypatch.setattr(ops.RotaryRows, "apply", backwards)
     report = tg.graft(source, meta_llama().eval(), example_inputs=(TOKENS,))
     assert not report.ok
     assert report.divergence is not None

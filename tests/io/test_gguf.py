@@ -13,7 +13,7 @@ import torch
 import torchgraft as tg
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 from torchgraft.graft.evidence import Verdict
-from torchgraft.graft.passes import ROTARY_ORDER
+from torchgraft.graft.plan.passes import ROTARY_ORDER
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "gguf"
 LLAMA = FIXTURES / "llama_mixed.gguf"

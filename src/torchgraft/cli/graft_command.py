@@ -17,7 +17,7 @@ from .text import one_line, shorten
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
     from ..graft import GraftReport
-    from ..graft.adapt import LabelMap
+    from ..graft.plan.adapt import LabelMap
 
 __all__ = ["graft_command"]
 
@@ -109,7 +109,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     layout is bad input (exit 2) unless --allow-incomplete.
     """
     from ..graft import GraftError, graft
-    from ..graft.inputs import read_inputs
+    from ..graft.check.inputs import read_inputs
     from ..save import resolve_format, save
     from .factory import build_model
 

@@ -1,40 +1,49 @@
-"""``tg.graft``: put any checkpoint into any model, adapt what differs, report every key."""
+"""``tg.graft``: put any checkpoint into any model, adapt what differs, report every key.
+
+A graft runs as a pipeline of stages, each a sub-package whose imports run one way: the source
+is opened (:mod:`~torchgraft.graft.sides`), the graft planned on metadata alone
+(:mod:`~torchgraft.graft.plan`, with the layouts between the two sides from
+:mod:`~torchgraft.graft.layouts`), the model filled (:mod:`~torchgraft.graft.fill`), the report
+made (:mod:`~torchgraft.graft.report`), and outputs compared where there is something to
+compare with (:mod:`~torchgraft.graft.check`).
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, OpenOptions
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
-from .adapt import Init, LabelMap
-from .adapters import adapter_keys, refuse_plain_target, scope_to_adapter
-from .dtensor import fill_sharded, materialise_sharded, sharded_targets
-from .execute import execute_plan
-from .heads import describe_sides
-from .inputs import Inputs
-from .materialise import META_DEFAULTS, ModelTensors, materialise
-from .norms import NormOffsets, norm_offsets
-from .plan import Match, Plan
-from .planned import plan_graft
-from .quantized_target import graft_quantized
-from .reference import Want, reference_for
-from .report import GraftError, GraftReport
-from .rules import Rule, RulesSpec
-from .settle import verify_graft
-from .sides import Side, module_side, quantized_modules, state_tensors, unwrap
-from .source import GraftSource, SourceLike, open_source
-from .source_model import SourceModelLike
-from .walk import walk_model
+from ..renames import Rule
+from .check.inputs import Inputs
+from .check.reference import Want, reference_for
+from .check.settle import verify_graft
+from .check.source_model import SourceModelLike
+from .fill.dtensor import sharded_targets
+from .fill.quantized import graft_quantized
+from .fill.target import Filling, fill_model
+from .layouts.norms import NormOffsets, norm_offsets
+from .layouts.rules import RulesSpec
+from .plan.adapt import Init, LabelMap, reversible
+from .plan.build import Planned, PlanOptions, plan_graft
+from .plan.steps import Match, Plan
+from .report.adapter_scope import scope_to_adapter
+from .report.report import GraftError, GraftReport
+from .sides.adapters import adapter_keys, refuse_plain_target
+from .sides.describe import describe_sides
+from .sides.model import module_side, quantized_modules, unwrap
+from .sides.source import GraftSource, SourceLike, open_source
+from .sides.walk import Walked, walk_model
+from .tensors import Side
 
 __all__ = ["Verify", "graft"]
 
@@ -42,6 +51,11 @@ logger = logging.getLogger("torchgraft")
 
 
 Verify = bool | Literal["auto"]
+
+#: Why a tensor still on the meta device after a graft is missing.
+_STILL_ON_META = ("still on the meta device: nothing in the checkpoint fills it; build the model "
+                  "with real tensors for what the checkpoint lacks (non-persistent buffers are "
+                  "computed by its code)")
 
 
 @paused_gc()
@@ -68,7 +82,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
 
     A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
     each rank fills its own shards in place, reading only their bytes where the format
-    allows, and every rank returns the same report (:mod:`torchgraft.graft.dtensor`). Its
+    allows, and every rank returns the same report (:mod:`torchgraft.graft.fill.dtensor`). Its
     outputs are not compared (``verify``): that would run the model beside its source in
     one process.
 
@@ -80,7 +94,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         rules: ``(regex, replacement)`` pairs applied to source keys first (``None`` drops the
             key), a mapping of them, or a JSON/YAML file of either; the list may also hold
             operations (``{"op": "concatenate", "from": [...], "to": ...}``: concatenate,
-            split, rotary rows, transpose...; :mod:`~torchgraft.graft.op_rules`), which run
+            split, rotary rows, transpose...; :mod:`~torchgraft.graft.layouts.op_rules`), which run
             before the renames.
         match: ``"auto"``, ``"name"`` (no structural matching) or ``"structure"`` (only).
         adapt: Adapt rows and input channels; ``False`` copies exact shapes only.
@@ -90,7 +104,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             (bookkeeping buffers such as ``num_batches_tracked`` aside), or outputs diverge.
         example_inputs: The model's inputs (a tuple, a lone tensor, or a mapping of keyword
             arguments): orders its tensors by use for structural matching, and feeds
-            ``verify``. An :class:`~torchgraft.graft.inputs.Inputs` (by role: token ids,
+            ``verify``. An :class:`~torchgraft.graft.check.inputs.Inputs` (by role: token ids,
             pixel values...; as the CLI's ``--inputs`` reads) only feeds ``verify``, bound to
             each model's ``forward`` by argument name.
         source_inputs: The source's inputs, where they differ from ``example_inputs``.
@@ -110,16 +124,17 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             rows (``None`` for a new row).
         device: Where tensors of a meta-device model get their storage; by default where the
             model's other tensors are, else the CPU.
-        unsafe: For checkpoint paths: let pickles call code outside the allow-list.
-        weights_key: For checkpoint paths: where the weights are in a training checkpoint.
-        component: For a folder of several models (a diffusers pipeline, a sentence-
-            transformers model): graft from this part alone (``"unet"``); by default from all
-            parts, their keys prefixed with the part's name.
+        unsafe: For checkpoint paths: see :class:`~torchgraft.checkpoint.OpenOptions` (runs
+            code from the file).
+        weights_key: For checkpoint paths: see :class:`~torchgraft.checkpoint.OpenOptions`.
+        component: For a folder of several models: see
+            :class:`~torchgraft.checkpoint.OpenOptions` (by default every part, its keys
+            prefixed with the part's name).
         progress: Called with (tensors done, total) as tensors are filled.
-        follow_links: For checkpoint paths: follow links out of the checkpoint's folder (links
-            inside a recognised model store, such as the Hub cache, are followed anyway).
+        follow_links: For checkpoint paths: see :class:`~torchgraft.checkpoint.OpenOptions`.
         source_model: A module of the source's code base, or a callable that builds one (on
             the meta device is fine): filled from ``source`` and compared with (``verify``).
+            The module given is left as it is: a copy of it is filled.
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -136,54 +151,132 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         example_inputs = source_inputs = None
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
-    modules, tensors = walk_model(target)  # one walk of a large model, shared below
-    state = tensors.state
-    opening: dict[str, Any] = {"unsafe": unsafe, "weights_key": weights_key, "component": component,
-               "follow_links": follow_links}
-    if quantized_modules(target, state):
-        return _into_quantized(open_source(source, **opening), target, strict=strict)
-    on_meta = tensors.on_meta
-    init, warnings = _init_for(on_meta, init, [swapped] if swapped else [])
-    sharded = sharded_targets(target, state)
+    walked = walk_model(target)  # one walk of a large model, shared below
+    opening = OpenOptions(unsafe, weights_key, component, follow_links)
+    if quantized_modules(target, walked.tensors.state):
+        return _into_quantized(open_source(source, opening), target, strict=strict)
+    sharded = sharded_targets(target, walked.tensors.state)
     if sharded and verify is True:
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
-    target_side = module_side(target, _meta_inputs(example_inputs) if on_meta else example_inputs,
-                              tensors=state, modules=modules)
-    if on_meta and example_inputs is not None:  # the forward may have made tensors on meta
-        modules, tensors = walk_model(target)
-        state = tensors.state
-    opened = open_source(source, example_inputs=source_inputs, **opening)
-    try:
-        scope = _adapter_scope(opened, target, target_side.tensors)
-        planned = plan_graft(opened, target_side, rules=rules, scoped=scope is not None,
-                             match=match, adapt=adapt, init=init, label_map=label_map,
-                             norms=NormOffsets(_source_norms(opened.module, source_model),
-                                               norm_offsets(target, modules=modules)),
-                             described=describe_sides(source, opened, target, modules=modules))
-        plan = planned.plan
-        plan.warnings[:0] = warnings
-        _fill(plan, opened, target, state, sharded,
-              _Filling(on_meta, device, progress, tensors))
-    finally:
-        opened.close()
-    report = _report(plan, target_side, planned.source, scope)
-    report.add_missing(dict.fromkeys(
-        tensors.still_on_meta() if on_meta else (),
-        "still on the meta device: nothing in the checkpoint fills it; build the model with "
-        "real tensors for what the checkpoint lacks (non-persistent buffers are computed by "
-        "its code)"))
-    if not sharded and (verify is True or (verify == "auto" and _plain_copy(report))):
-        want = Want(verify, example_inputs, source_inputs, roles, source_model,
-                    sum(math.prod(info.shape) * info.dtype.itemsize
-                        for info in planned.source.tensors.values()))
-        _verify(report, plan, (source, opened.module, target), want, opening)
+    with open_source(source, opening, example_inputs=source_inputs) as opened:
+        into = _Into(rules, PlanOptions(match, adapt, init, label_map),
+                     _source_norms(opened.module, source_model), device, progress)
+        planned, report = _graft_into(opened, source, target, walked, into,
+                                      inputs=example_inputs, sharded=sharded,
+                                      assign=opened.private)
+        if swapped:
+            report.warnings.insert(0, swapped)
+        if not sharded and (verify is True or (verify == "auto"
+                                               and _plain_copy(planned.plan, report))):
+            want = Want(verify, example_inputs, source_inputs, roles, source_model,
+                        sum(math.prod(info.shape) * info.dtype.itemsize
+                            for info in planned.source.tensors.values()))
+            _check(report, planned.plan, (source, opened, target), want)
     if logger.isEnabledFor(logging.DEBUG):  # the report's text lists every key
         logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
         raise GraftError(report)
     return report
+
+
+@dataclass(frozen=True)
+class _Into:
+    """What grafting into one model takes beyond the source: the user's choices.
+
+    Attributes:
+        rules: The user's rules.
+        choices: Match, adapt, init and label map.
+        source_norms: The source's norm classes (module path to offset).
+        device: Where a meta model's tensors get their storage.
+        progress: Called with (tensors done, total).
+    """
+
+    rules: RulesSpec
+    choices: PlanOptions
+    source_norms: dict[str, float | None]
+    device: str | torch.device | None = None
+    progress: Callable[[int, int], None] | None = None
+
+
+def _graft_into(opened: GraftSource, source: Any, target: nn.Module, walked: Walked,
+                into: _Into, *, inputs: Any = None, sharded: dict[str, Any] | None = None,
+                assign: bool) -> tuple[Planned, GraftReport]:
+    """Plan a graft of an opened source into ``target``, fill it, and report.
+
+    Args:
+        opened: The source.
+        source: The source as given (a path's folder may hold a config.json).
+        target: The unwrapped model, filled in place.
+        walked: Its modules and tensors.
+        into: The user's choices.
+        inputs: Example inputs that order the model's tensors by use.
+        sharded: Its DTensor tensors.
+        assign: Whether a meta model may hold the source's tensors as they are.
+
+    Returns:
+        The plan (with the source side it pairs) and the report.
+    """
+    modules, tensors = walked
+    side = module_side(target, _meta_inputs(inputs) if tensors.on_meta else inputs,
+                       tensors=tensors.state, modules=modules)
+    if tensors.on_meta and inputs is not None:  # the forward may have made tensors on meta
+        walked = walk_model(target)
+        modules, tensors = walked
+    choices, warnings = _init_for(tensors.on_meta, into.choices)
+    scope = _adapter_scope(opened, target, side.tensors)
+    planned = plan_graft(opened, side, rules=into.rules, scoped=scope is not None,
+                         options=replace(choices, norms=NormOffsets(
+                             into.source_norms, norm_offsets(target, modules=modules)),
+                             described=describe_sides(source, opened, target,
+                                                      modules=modules)))
+    planned.plan.warnings[:0] = warnings
+    fill_model(planned.plan, planned.refs, target,
+               Filling(tensors, into.device, into.progress, sharded, assign))
+    report = _report(planned.plan, side, planned.source, scope)
+    if tensors.on_meta:
+        report.add_missing(dict.fromkeys(tensors.still_on_meta(), _STILL_ON_META))
+    return planned, report
+
+
+def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Module],
+           want: Want) -> None:
+    """Compare outputs with the source's, where there is something to compare with.
+
+    A reference model of the source's code base is filled from the same opened source, by
+    name, into storage of its own (never the source's own tensors: settling changes the
+    model in place, and must not change what it is compared with).
+    """
+    source, opened, target = sides
+
+    def fill(module: nn.Module, renames: list[Rule]) -> GraftReport:
+        inner = unwrap(module)
+        into = _Into(renames, PlanOptions(), {})
+        return _graft_into(opened, source, inner, walk_model(inner), into, assign=False)[1]
+
+    reference = reference_for(source, opened.module, target, want, fill, report.warnings)
+    if reference is None:
+        return
+    try:
+        verify_graft(report, plan, target, reference)
+    except TorchgraftError as exc:
+        if want.verify is True or not reference.generated:
+            raise
+        report.warnings.append(f"outputs were not compared on inputs generated from "
+                               f"{reference.origin}: {exc}")
+
+
+def _plain_copy(plan: Plan, report: GraftReport) -> bool:
+    """Whether the model should compute what the source computes, decided from the plan.
+
+    Every key is filled (nothing missing or re-initialised) and went through reversible
+    layout operations only, with no cast (a cast rounds, or makes the model compute in
+    another precision than its source).
+    """
+    return (report.complete and not report.reinitialised
+            and all(not step.cast and all(reversible(op) is not None for op in step.ops)
+                    for step in plan.steps))
 
 
 def _check_options(match: Any, init: Any, verify: Any) -> None:
@@ -196,63 +289,13 @@ def _check_options(match: Any, init: Any, verify: Any) -> None:
         raise TorchgraftError(f"verify={verify!r}: use 'auto', True or False")
 
 
-def _init_for(on_meta: bool, init: Init, warnings: list[str]) -> tuple[Init, list[str]]:
+def _init_for(on_meta: bool, choices: PlanOptions) -> tuple[PlanOptions, list[str]]:
     """A meta model has no values to keep: new rows use ``"normal"``, with a warning."""
-    if on_meta and init == "keep":
-        warnings.append("the model is on the meta device, so it has no values of its own to "
-                        "keep: new rows and re-initialised heads use init='normal'")
-        return "normal", warnings
-    return init, warnings
-
-
-@dataclass(frozen=True)
-class _Filling:
-    """How the target is filled: on the meta device or not, where, with what progress.
-
-    ``tensors`` are the target's tensors, walked once and shared.
-    """
-
-    on_meta: bool
-    device: str | torch.device | None
-    progress: Callable[[int, int], None] | None
-    tensors: ModelTensors
-
-
-def _fill(plan: Plan, opened: GraftSource, target: nn.Module, state: dict[str, torch.Tensor],
-          sharded: dict[str, Any], filling: _Filling) -> None:
-    """Give a meta model storage, fill sharded tensors, then run the plan."""
-    assigned: set[str] = set()
-    if filling.on_meta:
-        assigned = _materialise(plan, opened, target, state, sharded, filling)
-    if sharded:
-        fill_sharded(plan, opened.refs, sharded)
-        state = state_tensors(target)  # materialise updated ``state``; DTensors anew
-    execute_plan(plan, opened.refs, state, progress=filling.progress,
-                 assigned=assigned | set(sharded))
-
-
-def _materialise(plan: Plan, opened: GraftSource, target: nn.Module,
-                 state: dict[str, torch.Tensor], sharded: dict[str, Any],
-                 filling: _Filling) -> set[str]:
-    """Storage for a meta model's filled tensors, read straight into it where stored as is.
-
-    They go where ``device=`` says, else where the model's real tensors are, else the CPU.
-    """
-    device = filling.device
-    where = (torch.device(device) if device is not None
-             else filling.tensors.device or torch.device("cpu"))
-    zeroed = [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
-        k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
-    as_stored = {s.target: opened.refs[s.source].read for s in plan.steps
-                 if not s.ops and not s.cast} if where.type == "cpu" else {}
-    filled = [s.target for s in plan.steps]
-    assigned = materialise(target, [k for k in filled if k not in sharded], where,
-                           zeroed=[k for k in zeroed if k not in sharded],
-                           values=as_stored, state=state, tensors=filling.tensors)
-    if sharded:
-        materialise_sharded(target, sharded, [*filled, *zeroed],
-                            where if device is not None else None)
-    return assigned
+    if on_meta and choices.init == "keep":
+        return replace(choices, init="normal"), [
+            "the model is on the meta device, so it has no values of its own to keep: new rows "
+            "and re-initialised heads use init='normal'"]
+    return choices, []
 
 
 def _report(plan: Plan, target: Side, source: Side, scope: set[str] | None) -> GraftReport:
@@ -262,26 +305,6 @@ def _report(plan: Plan, target: Side, source: Side, scope: set[str] | None) -> G
     if scope is not None:
         scope_to_adapter(report, scope)
     return report
-
-
-def _verify(report: GraftReport, plan: Plan, sides: tuple[Any, nn.Module | None, nn.Module],
-            want: Want, opening: dict[str, Any]) -> None:
-    """Compare outputs with the source's, where there is something to compare with."""
-    source, source_module, target = sides
-
-    def fill(module: nn.Module, renames: list[Rule]) -> GraftReport:
-        return graft(source, module, rules=renames, verify=False, **opening)
-
-    reference = reference_for(source, source_module, target, want, fill, report.warnings)
-    if reference is None:
-        return
-    try:
-        verify_graft(report, plan, target, reference)
-    except TorchgraftError as exc:
-        if want.verify is True or not reference.generated:
-            raise
-        report.warnings.append(f"outputs were not compared on inputs generated from "
-                               f"{reference.origin}: {exc}")
 
 
 def _adapter_scope(opened: GraftSource, target: nn.Module,
@@ -354,21 +377,3 @@ def _source_norms(module: nn.Module | None,
     """
     found = module if module is not None else source_model
     return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
-
-
-#: What a key may have been through and still compute what the source computes: layouts only
-#: (a cast rounds, or makes the model compute in another precision than its source).
-_LAYOUTS_ONLY = re.compile(r"(transposed|rotary|fused|split|stacked|unstacked|by rule|reshaped|"
-                           r"unit offset|halves exchanged)")
-
-
-def _plain_copy(report: GraftReport) -> bool:
-    """Whether the model should compute what the source computes: nothing adapted or missing.
-
-    Every operation a key went through counts (``"transposed; cast float32->float16"`` is
-    not a layout alone).
-    """
-    layout_only = all(_LAYOUTS_ONLY.match(part) for text in report.adapted.values()
-                      for part in text.split("; "))
-    return layout_only and report.complete and not report.reinitialised
-

@@ -103,7 +103,7 @@ class Guess:
 SIBLINGS = "same-shape siblings"
 
 #: How a guess names the other rotary order of a key's rows: where outputs diverge, that order
-#: is tried (:mod:`~torchgraft.graft.settle`).
+#: is tried (:mod:`~torchgraft.graft.check.settle`).
 ROTARY_ALTERNATIVE = "(rotary rows permuted)"
 
 

@@ -1,7 +1,7 @@
 """A model's weights in another checkpoint's names and layout (``tg.save(layout_of=...)``).
 
 The graft that would fill the model from that checkpoint is planned (from metadata alone:
-nothing of the checkpoint is read), then run backwards (:mod:`~torchgraft.graft.reverse`).
+nothing of the checkpoint is read), then run backwards (:mod:`~torchgraft.graft.plan.reverse`).
 A file is only written when it holds the whole model in the checkpoint's layout, with every
 pairing known: a model of another configuration (a block more or less, another width) is an
 error naming what does not fit, never a wrong file.
@@ -15,13 +15,13 @@ import torch
 from torch import nn
 
 from ..errors import TorchgraftError
-from .plan import Plan
-from .planned import plan_graft
-from .report import GraftReport
-from .reverse import Reversed, reverse_plan
-from .rules import RulesSpec
-from .sides import module_side, state_tensors, unwrap
-from .source import SourceLike, open_source
+from .layouts.rules import RulesSpec
+from .plan.build import plan_graft
+from .plan.reverse import Reversed, reverse_plan
+from .plan.steps import Plan
+from .report.report import GraftReport
+from .sides.model import module_side, state_tensors, unwrap
+from .sides.source import SourceLike, open_source
 
 __all__ = ["LayoutOf", "in_layout_of"]
 
@@ -45,11 +45,8 @@ def _plan(model: nn.Module, layout_of: LayoutOf, rules: RulesSpec) -> tuple[Plan
         return layout_of.plan, list(layout_of.guesses)
     if not isinstance(layout_of, Plan):
         target = module_side(model, None)
-        opened = open_source(layout_of)
-        try:
+        with open_source(layout_of) as opened:
             layout_of = plan_graft(opened, target, rules=rules).plan
-        finally:
-            opened.close()
     return layout_of, list(layout_of.guesses)
 
 

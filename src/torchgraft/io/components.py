@@ -13,10 +13,10 @@ own format.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..bounds import MAX_INDEX_BYTES, read_json
 from ..containers import select_weights
 from ..errors import (
     CorruptCheckpointError,
@@ -27,7 +27,6 @@ from ..errors import (
 from .base import Contents, Format, ReadOptions
 from .contain import contained
 from .registry import checkpoint_in, open_contents
-from .sharded import MAX_INDEX_BYTES
 
 __all__ = ["FORMAT", "MAX_COMPONENTS"]
 
@@ -44,14 +43,7 @@ def _index(path: Path) -> tuple[str, Any]:
     for name, kind in _INDEXES.items():
         index = path / name
         if index.is_file():
-            if index.stat().st_size > MAX_INDEX_BYTES:
-                raise CorruptCheckpointError(f"{name} is larger than any index "
-                                             f"({MAX_INDEX_BYTES} bytes)", path=index)
-            try:
-                return kind, json.loads(index.read_text())
-            except (ValueError, RecursionError) as exc:
-                raise CorruptCheckpointError(f"{name} is not JSON ({type(exc).__name__})",
-                                             path=index) from None
+            return kind, read_json(index, limit=MAX_INDEX_BYTES, what=name)
     raise CorruptCheckpointError("no model_index.json or modules.json", path=path)
 
 

@@ -17,7 +17,9 @@ import torch
 
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
+from ..renames import rename
 from ..safe_pickle import safe_load
+from . import paddle_layout
 from .base import Contents, Format, ReadOptions, WriteJob
 from .source import FileSource
 
@@ -76,23 +78,17 @@ def write_paddle(job: WriteJob, path: Path) -> None:
     Raises:
         UnsupportedCheckpointError: For bfloat16/float8 tensors, or without module kinds.
     """
-    from ..graft.layouts import PADDLE
-    from ..graft.rules import rename
-    from ..graft.sides import TensorInfo
-
     if not job.kinds:
         raise UnsupportedCheckpointError(
             "writing Paddle needs the model, to know which weights are Linear layers (Paddle "
             "stores them transposed): use tg.save(model, path, format='paddle')", path=path)
     arrays: dict[str, Any] = {}
     for count, name in enumerate(job.tensors, start=1):
-        new, _rule = rename(name, PADDLE.exports)
+        new, _rule = rename(name, paddle_layout.EXPORTS)
         if new is not None:
             array = job.read_numpy(name, "a Paddle file", path)
-            info = TensorInfo(name, array.shape, job.out_dtype(job.tensors[name]),
-                              job.kinds.get(name))
-            arrays[new] = np.ascontiguousarray(array.T) if PADDLE.transposed(info, info) \
-                else array
+            transposed = paddle_layout.stored_transposed(job.kinds.get(name), name, array.ndim)
+            arrays[new] = np.ascontiguousarray(array.T) if transposed else array
         job.done(count)
     with path.open("wb") as f:
         pickle.dump(arrays, f, protocol=4)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..bounds import MAX_INDEX_BYTES, read_json
 from ..errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -17,7 +17,6 @@ from ..hub import resolve as resolve_repo_id
 from .base import Contents, Format, ReadOptions
 from .contain import contained
 from .nature import nature_of
-from .sharded import MAX_INDEX_BYTES
 from .source import released_on_failure
 
 __all__ = ["checkpoint_in", "detect", "formats", "open_contents", "register"]
@@ -108,14 +107,10 @@ def _checkpoint_file(directory: Path) -> Path:
 def _shard_names(indexes: list[Path]) -> set[str]:
     names: set[str] = set()
     for index in indexes:
-        if not index.is_file() or index.stat().st_size > MAX_INDEX_BYTES:
-            continue  # not a plain, plausible index: never read (a link to /dev/zero...)
-        try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-            names.update(str(v) for v in weight_map.values())
-        except (OSError, ValueError, AttributeError):
-            continue
-        except RecursionError:
+        try:  # a plain, plausible index only: never a link to /dev/zero, a FIFO...
+            weight_map = read_json(index, limit=MAX_INDEX_BYTES, what="the index")
+            names.update(str(v) for v in weight_map.get("weight_map", {}).values())
+        except (TorchgraftError, AttributeError):
             continue
     return names
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..bounds import MAX_INDEX_BYTES, read_json
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..meta import TensorRef
 from .base import Contents, Format, ReadOptions
@@ -14,22 +14,8 @@ from .contain import contained
 __all__ = ["FORMAT"]
 
 
-#: An index larger than this is not a weight map (a 70B model's index is about 100 KiB).
-MAX_INDEX_BYTES = 64 * 1024 * 1024
-
-
 def _weight_map(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    size = path.stat().st_size
-    if size > MAX_INDEX_BYTES:
-        raise CorruptCheckpointError(f"the index is {size} bytes, more than any weight map "
-                                     f"needs ({MAX_INDEX_BYTES})", path=path)
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"the index is not valid JSON: {exc}", path=path) from None
-    except RecursionError:
-        raise CorruptCheckpointError("the index nests too deeply to be a weight map",
-                                     path=path) from None
+    index = read_json(path, limit=MAX_INDEX_BYTES, what="the index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):

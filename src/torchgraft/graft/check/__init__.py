@@ -1,0 +1,6 @@
+"""Checking a graft by outputs: what to compare with, on which inputs, and settling guesses.
+
+The reference a graft is compared with (:mod:`.reference`), the source's own model
+(:mod:`.source_model`), inputs (:mod:`.inputs`), the comparison (:mod:`.compare`), and
+settling guesses where outputs diverge (:mod:`.settle`).
+"""

@@ -1,0 +1,171 @@
+"""What a graft's outputs are compared with: the source's module, or its own model.
+
+The source's own model is built from its config or given as ``source_model=``, and filled from
+the same checkpoint.
+
+:func:`reference_for` decides, from what the caller gave, whether there is anything to compare
+with: a source module with inputs; ``source_model=``; a checkpoint folder whose ``config.json``
+names a transformers class. Inputs are the caller's, else generated from the config and bound
+to each model's ``forward`` by argument name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ...errors import TorchgraftError
+from ...renames import Rule
+from ..report.report import GraftReport
+from .compare import Call, as_call
+from .inputs import Inputs, bind, from_config
+from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
+
+__all__ = ["Reference", "reference_for"]
+
+#: Fills a module of the source's code base from the graft's source (with rules that rename the
+#: source's keys to the module's); returns its report.
+Fill = Callable[[nn.Module, list[Rule]], GraftReport]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A model that computes what the source computes, and the inputs to compare on.
+
+    Attributes:
+        module: The model.
+        source_call: Its inputs.
+        target_call: The grafted model's inputs.
+        names: Source keys (as the plan names them) to the reference model's keys.
+        origin: What it is, for the report.
+        generated: Whether the inputs were generated (from a config), not the caller's: a
+            model that cannot run on them is not compared, rather than an error.
+    """
+
+    module: nn.Module
+    source_call: Call
+    target_call: Call
+    names: dict[str, str]
+    origin: str
+    generated: bool = False
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the caller asked: ``verify``, inputs, a source model, the size of the weights."""
+
+    verify: bool | str
+    example_inputs: Any
+    source_inputs: Any
+    roles: Inputs | None
+    source_model: SourceModelLike | None
+    source_bytes: int
+
+
+def _give_up(want: Want, warnings: list[str], why: str) -> None:
+    """Nothing to compare with: an error when verification was asked for, else a warning."""
+    if want.verify is True:
+        raise TorchgraftError(f"verify=True: {why}")
+    warnings.append(f"outputs were not compared: {why}")
+
+
+def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want: Want,
+                  fill: Fill, warnings: list[str]) -> Reference | None:
+    """The reference to compare the grafted ``target`` with, if there is one.
+
+    Args:
+        source: The graft's source (a path, a module...).
+        module: The source module, when the source is one.
+        target: The grafted model.
+        want: What the caller asked.
+        fill: Fills a source-model module from ``source``.
+        warnings: Where to say why outputs were not compared (``verify="auto"``).
+
+    Returns:
+        The reference, or ``None`` when there is nothing to compare with.
+
+    Raises:
+        TorchgraftError: With ``verify=True``, when there is nothing to compare with.
+    """
+    if module is not None:
+        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
+    try:
+        candidate = _candidate(source, want)
+    except TorchgraftError as exc:  # a config.json beside the file that cannot be read
+        if want.verify is True:
+            raise
+        warnings.append(f"outputs were not compared: {exc}")
+        return None
+    if candidate is None:
+        _unbuilt_config(source, warnings)
+        if want.verify is True:
+            raise TorchgraftError(
+                "verify=True needs something to compare with: a source module with "
+                "example_inputs, source_model= (a module of the source's code base, or a "
+                "callable that builds one), or a checkpoint folder whose config.json names a "
+                "transformers class (with transformers installed)")
+        return None
+    if want.verify != True and want.source_bytes > MAX_AUTO_BYTES:  # noqa: E712
+        warnings.append(f"outputs were not compared with {candidate.origin}: the weights are "
+                        f"over {MAX_AUTO_BYTES >> 30} GiB (pass verify=True to compare anyway)")
+        return None
+    built = candidate.build()
+    filled = fill(built, candidate.renames(built))
+    if not filled.ok:
+        _give_up(want, warnings, f"{candidate.origin} could not be filled from the checkpoint "
+                                 f"by name ({filled.headline()})")
+        return None
+    names = {source_key: key for key, source_key in filled.mapping.items()}
+    return _with_inputs(built, target, want, names, candidate.origin,
+                        want.roles or candidate.inputs or _from_module_config(built), warnings)
+
+
+def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
+                 origin: str, roles: Inputs | None, warnings: list[str]) -> Reference | None:
+    """The reference with the caller's inputs, else ``roles`` bound to each forward."""
+    if want.example_inputs is not None:
+        return Reference(module, as_call(want.source_inputs), as_call(want.example_inputs),
+                         names, origin)
+    if not roles:
+        if want.verify is True or names:
+            _give_up(want, warnings, f"{origin} describes no inputs; pass example_inputs (and "
+                                     "source_inputs)")
+        return None
+    try:
+        calls = bind(module, roles), bind(target, roles)
+    except TorchgraftError as exc:
+        _give_up(want, warnings, str(exc))
+        return None
+    return Reference(module, calls[0], calls[1], names, origin, generated=True)
+
+
+def _from_module_config(module: nn.Module) -> Inputs:
+    """Inputs from a module's own config (a transformers model's ``config.to_dict()``)."""
+    to_dict = getattr(getattr(module, "config", None), "to_dict", None)
+    config = to_dict() if callable(to_dict) else None
+    return from_config(config) if isinstance(config, dict) else Inputs()
+
+
+def _unbuilt_config(source: Any, warnings: list[str]) -> None:
+    """Say so when a checkpoint's folder has a config.json that no model is built from."""
+    if not isinstance(source, (str, os.PathLike)):
+        return
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    if (folder / "config.json").is_file():
+        warnings.append(f"outputs were not compared: {folder / 'config.json'} names no "
+                        "transformers class torchgraft builds (another library's config, "
+                        "remote code, or transformers not installed); pass source_model= "
+                        "(and example_inputs) to compare")
+
+
+def _candidate(source: Any, want: Want) -> SourceModel | None:
+    if want.source_model is not None:
+        return resolve(want.source_model)
+    if isinstance(source, (str, os.PathLike)):
+        return from_folder(source)
+    return None

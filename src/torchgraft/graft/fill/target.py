@@ -1,0 +1,96 @@
+"""Filling a model from a plan: storage for a meta model, each rank's shards, then every step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...meta import TensorRef
+from ..plan.steps import Plan
+from ..sides.model import state_tensors
+from ..sides.walk import ModelTensors
+from .dtensor import fill_sharded, materialise_sharded
+from .execute import execute_plan
+from .materialise import META_DEFAULTS, materialise
+
+__all__ = ["Filling", "fill_model"]
+
+
+@dataclass(frozen=True)
+class Filling:
+    """How a model is filled: where a meta model's storage goes, with what progress.
+
+    Attributes:
+        tensors: The model's tensors, walked once (whether any is on meta, who holds each).
+        device: Where tensors of a meta model get their storage; by default where its other
+            tensors are, else the CPU.
+        progress: Called with (tensors done, total) as tensors are filled.
+        sharded: The model's DTensor tensors by key (FSDP2, tensor parallel): each rank fills
+            its own shards.
+        assign: Whether a meta model's tensors stored as they are may become the checkpoint's
+            own (memory-mapped) tensors; else each gets storage of its own.
+    """
+
+    tensors: ModelTensors
+    device: str | torch.device | None = None
+    progress: Callable[[int, int], None] | None = None
+    sharded: dict[str, Any] | None = None
+    assign: bool = True
+
+
+def fill_model(plan: Plan, refs: dict[str, TensorRef], model: nn.Module,
+               filling: Filling) -> None:
+    """Give a meta model storage, fill sharded tensors, then run the plan.
+
+    Args:
+        plan: The plan.
+        refs: Source key to lazy tensor (virtual ones included).
+        model: The unwrapped model, filled in place.
+        filling: How.
+    """
+    sharded = filling.sharded or {}
+    state = filling.tensors.state
+    assigned: set[str] = set()
+    if filling.tensors.on_meta:
+        assigned = _materialise(plan, refs, model, filling)
+    if sharded:
+        fill_sharded(plan, refs, sharded)
+        state = state_tensors(model)  # materialise updated ``state``; DTensors anew
+    execute_plan(plan, refs, state, progress=filling.progress, assigned=assigned | set(sharded))
+
+
+def _materialise(plan: Plan, refs: dict[str, TensorRef], model: nn.Module,
+                 filling: Filling) -> set[str]:
+    """Storage for a meta model's filled tensors, read straight into it where stored as is.
+
+    They go where ``device=`` says, else where the model's real tensors are, else the CPU.
+    """
+    device, sharded = filling.device, filling.sharded or {}
+    where = (torch.device(device) if device is not None
+             else filling.tensors.device or torch.device("cpu"))
+    filled = [s.target for s in plan.steps]
+    zeroed = _zeroed(plan)
+    assigned = materialise(model, [k for k in filled if k not in sharded], where,
+                           zeroed=[k for k in zeroed if k not in sharded],
+                           values=_as_stored(plan, refs) if where.type == "cpu" and
+                           filling.assign else {},
+                           state=filling.tensors.state, tensors=filling.tensors)
+    if sharded:
+        materialise_sharded(model, sharded, [*filled, *zeroed],
+                            where if device is not None else None)
+    return assigned
+
+
+def _zeroed(plan: Plan) -> list[str]:
+    """Keys whose new storage starts as zeros: adapted, re-initialised or defaulted tensors."""
+    return [s.target for s in plan.steps if s.ops] + list(plan.reinitialised) + [
+        k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
+
+
+def _as_stored(plan: Plan, refs: dict[str, TensorRef]) -> dict[str, Callable[[], torch.Tensor]]:
+    """Keys copied as stored, to the read that gives the checkpoint's own tensor."""
+    return {s.target: refs[s.source].read for s in plan.steps if not s.ops and not s.cast}

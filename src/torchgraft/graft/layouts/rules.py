@@ -1,0 +1,132 @@
+"""User rules: renames (``(regex, replacement)`` pairs; ``None`` drops the key) and operations.
+
+A rule given as a mapping with an ``op`` names an operation (concatenate, split, rotary
+rows...): see :mod:`~torchgraft.graft.layouts.op_rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import MissingDependencyError, TorchgraftError
+from ...renames import Rule
+from .op_rules import OpRule, op_rule
+
+__all__ = ["Rules", "RulesSpec", "parse_rules", "read_rules"]
+
+
+RulesSpec = (Sequence[tuple[str, str | None] | Sequence[Any] | Mapping[str, Any] | Rule | OpRule]
+             | Mapping[str, str | None] | str | os.PathLike[str] | None)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The user's rules, by kind.
+
+    Attributes:
+        renames: Renaming rules, in order.
+        ops: Operation rules, in order (they run before the renames).
+    """
+
+    renames: tuple[Rule, ...] = ()
+    ops: tuple[OpRule, ...] = ()
+
+
+def _one(item: Any, number: int, origin: str) -> Rule | OpRule:
+    """One rule from its declarative form."""
+    if isinstance(item, (Rule, OpRule)):
+        return item
+    if isinstance(item, Mapping):
+        return op_rule(item, number)
+    if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
+            or not (item[1] is None or isinstance(item[1], str))):
+        raise TorchgraftError(f"{origin}: rule {number} {item!r:.80} is not a [pattern, "
+                              "replacement] pair (replacement: a string, or null to drop the "
+                              "key) nor an operation ({\"op\": ..., \"from\": ..., \"to\": ...})")
+    return Rule(item[0], item[1])
+
+
+def _pairs(data: Any, origin: str) -> Iterable[Rule | OpRule]:
+    if isinstance(data, Mapping):
+        data = data.get("rules", data) if "rules" in data else list(data.items())
+    if not isinstance(data, (list, tuple)):
+        raise TorchgraftError(f"{origin}: rules must be a list of [pattern, replacement] pairs "
+                              "and operations, or a mapping of pattern to replacement")
+    for number, item in enumerate(data, start=1):
+        yield _one(item, number, origin)
+
+
+def _read_file(path: Path) -> Any:
+    if not path.is_file():
+        raise TorchgraftError("rules file not found", path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TorchgraftError(f"the rules file is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start}): save it as UTF-8", path=path) from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise MissingDependencyError("yaml", extra="yaml", feature="YAML rules files") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise TorchgraftError(f"the rules file is not valid YAML: {exc}", path=path) from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise TorchgraftError(f"the rules file is not valid JSON: {exc}", path=path) from None
+    except RecursionError:
+        raise TorchgraftError("the rules file nests too deeply to be a list of rules",
+                              path=path) from None
+
+
+def read_rules(spec: RulesSpec) -> Rules:
+    r"""Read rules given as pairs, operations, a mapping, or a JSON/YAML file of those.
+
+    Args:
+        spec: ``[(r"^backbone\.", ""), (r"^head\.", None)]``, ``{r"^backbone\.": ""}``, a list
+            that also holds operations (``{"op": "concatenate", "from": [...], "to": ...}``,
+            :mod:`~torchgraft.graft.layouts.op_rules`), a path to a ``.json``/``.yaml`` file
+            holding one of those (or ``{"rules": [...]}``), or ``None``.
+
+    Returns:
+        The rules, by kind, each in the order it applies.
+
+    Raises:
+        TorchgraftError: If a rule or the file is malformed (naming the rule).
+    """
+    if spec is None:
+        return Rules()
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        rules = list(_pairs(_read_file(path), str(path)))
+    else:
+        rules = list(_pairs(spec, "rules"))
+    return Rules(tuple(r for r in rules if isinstance(r, Rule)),
+                 tuple(r for r in rules if isinstance(r, OpRule)))
+
+
+def parse_rules(spec: RulesSpec) -> list[Rule]:
+    r"""Read renaming rules given as pairs, a mapping, or a JSON/YAML file of either.
+
+    Args:
+        spec: As :func:`read_rules` takes it, without operations.
+
+    Returns:
+        The rules, in the order they apply.
+
+    Raises:
+        TorchgraftError: If a rule or the file is malformed, or a rule names an operation.
+    """
+    rules = read_rules(spec)
+    if rules.ops:
+        raise TorchgraftError(f"{rules.ops[0]}: only renaming rules apply here; operations "
+                              "apply in tg.graft and tg.save(layout_of=...)")
+    return list(rules.renames)

@@ -1,0 +1,874 @@
+"""Structural matching: align modules by order and shapes, when names share nothing.
+
+Both sides' unmatched tensors are grouped by module, in order of use (a file's stored order
+stands for its order of definition; a file stored sorted has its order recovered from its names,
+see :class:`~torchgraft.graft.tensors.Side`). Bookkeeping buffers (``num_batches_tracked``) never
+count towards a module's size, so Paddle's 4-tensor BatchNorm pairs with PyTorch's 5-tensor one.
+Two modules correspond when each pair of their tensors (by leaf name where both sides use the
+same ones, else in order) fits: same shape, or the layout's transposed shape; same module kind
+where both kinds are known.
+
+Alignment is partial, never all or nothing, and never a guess:
+
+0. Numbered blocks (units) first: when both sides have as many and each block's modules can
+   all fill the other's, the k-th block pairs with the k-th and steps 1 and 2 run inside each
+   pair (a parallel-residual block runs its MLP before its attention on one side only).
+1. The longest common subsequence (LCS) of corresponding modules. Only pairs that every
+   optimal alignment shares are taken; a local conflict voids only its own stretch.
+2. Within each stretch left between those anchors, then among all that is left: a module that
+   fits exactly one module of the other side, which fits only it, pairs (order aside).
+3. A module next to a paired one, under the same parent on both sides, pairs with its
+   counterpart's neighbour when they fit and nothing else under those parents does (a
+   BatchNorm follows its convolution).
+
+A source whose order was recovered from sorted names knows the order of numbered blocks
+(``layer.2`` before ``layer.10``) and of numbered siblings (``conv1`` before ``conv2``), but
+not of other siblings (``attention.output`` sorts before ``attention.self``). For it, step 1
+pairs modules of one shape class in order (the k-th of the model's with the k-th of the
+checkpoint's) when both sides have as many and no block holds two of them that only their
+names order; neighbours are not used. A class is split first by the contexts both sides name
+(``encoder``, ``decoder``, ``cross``...: :data:`~torchgraft.graft.layouts.conventions.CONTEXTS`), so
+an encoder's blocks pair with the encoder's however letters order the sides.
+
+Whatever is left and could have fitted several modules is reported as ambiguous, by name.
+
+Each pair then gets its evidence (:mod:`~torchgraft.graft.evidence`). A module's unit is its
+nearest numbered ancestor (a block, :func:`~torchgraft.graft.layouts.conventions.unit_of`). A
+pair is ``structure`` when the source module is the only one of its unit that fits the target
+module and the other way round; when the roles of their names
+(:mod:`~torchgraft.graft.layouts.conventions`) single it out among the candidates (a block's
+``q_proj`` is its ``query``); or when the candidates on each side differ only by numbers
+(``bn1``, ``bn2``) and the pairs follow those numbers in the model's order. A norm goes with
+the convolution it normalises (the only one of its width under its parent,
+``expansion.expand_conv``; else, in a real order, the one right before it, ``_expand_conv``
+before ``_bn0``): two norms whose convolutions are paired pair too, and norms that follow their
+convolutions are ordered like numbered ones (``_bn0``, ``_bn1`` against ``expand_bn``,
+``depthwise_norm``). Any other pair among same-shape candidates is a ``guess``, with the other
+candidates as its alternatives. Before that, same-shape pairs of a unit are re-paired by role,
+then by convolution, then by number.
+
+Roles and numbers in names, and a norm right after its convolution in stored order, are
+conventions of code bases, not facts of a file: for a source that is not a module
+(``trust_conventions=False``), a pair that only they single out among same-shape siblings is a
+``guess`` too (listed in ``by_convention``), unless both sides give its modules the same name.
+A norm's convolution found under its parent (the only one of its width) still decides.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..evidence import Evidence, Guess
+from ..layouts.conventions import joined_role, role_parts, unit_of
+from ..tensors import TensorInfo, natural_key
+
+__all__ = ["Alignment", "align"]
+
+Fits = Callable[[TensorInfo, TensorInfo], bool]
+Bookkeeping = Callable[[str], bool]
+
+
+@dataclass
+class Alignment:
+    """The result of structural matching.
+
+    Attributes:
+        pairs: Target key to source key.
+        ambiguous: Target key to why structure could not decide it (several modules fit).
+        evidence: Target key to its evidence: ``structure`` or ``guess``.
+        guesses: Target key to its alternatives, for guesses.
+        by_convention: Guessed target keys that only the conventions of names (numbers, role
+            tables) would have told apart.
+    """
+
+    pairs: dict[str, str]
+    ambiguous: dict[str, str] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    guesses: dict[str, Guess] = field(default_factory=dict)
+    by_convention: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Group:
+    """One module's unmatched tensors, bookkeeping buffers apart."""
+
+    path: str
+    tensors: list[TensorInfo]
+    bookkeeping: list[TensorInfo]
+
+    @property
+    def parent(self) -> str:
+        return self.path.rpartition(".")[0]
+
+    def signature(self) -> Hashable:
+        return tuple((_leaf(t), t.shape, t.kind) for t in self.tensors)
+
+
+def _leaf(info: TensorInfo) -> str:
+    return info.name.rpartition(".")[2]
+
+
+def _groups(order: list[str], infos: dict[str, TensorInfo],
+            bookkeeping: Bookkeeping) -> list[_Group]:
+    groups: dict[str, _Group] = {}
+    for name in order:
+        info = infos[name]
+        group = groups.setdefault(info.module, _Group(info.module, [], []))
+        (group.bookkeeping if bookkeeping(name) else group.tensors).append(info)
+    return [g for g in groups.values() if g.tensors]
+
+
+def _paired(targets: list[TensorInfo],
+            sources: list[TensorInfo]) -> list[tuple[TensorInfo, TensorInfo]] | None:
+    """Pair two modules' tensors; ``None`` if their counts differ.
+
+    Tensors pair by leaf name (weight, bias...) when both modules use the same names, else in
+    order.
+    """
+    if len(targets) != len(sources):
+        return None
+    by_leaf = {_leaf(s): s for s in sources}
+    if {_leaf(t) for t in targets} == set(by_leaf):
+        return [(t, by_leaf[_leaf(t)]) for t in targets]
+    return list(zip(targets, sources, strict=True))
+
+
+def _lcs_tables(match: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix and suffix LCS lengths of a match matrix, one numpy pass per row.
+
+    ``fwd[i, j]`` is the LCS of the first ``i`` targets and first ``j`` sources; ``bwd[i, j]``
+    that of targets from ``i`` and sources from ``j``.
+    """
+    n, m = match.shape
+    fwd = np.zeros((n + 1, m + 1), dtype=np.int32)
+    for i in range(n):
+        step = np.maximum(fwd[i, 1:], fwd[i, :-1] + match[i])
+        fwd[i + 1, 1:] = np.maximum.accumulate(step)
+    bwd = np.zeros((n + 1, m + 1), dtype=np.int32)
+    for i in range(n - 1, -1, -1):
+        step = np.maximum(bwd[i + 1, :-1], bwd[i + 1, 1:] + match[i])
+        bwd[i, :-1] = np.maximum.accumulate(step[::-1])[::-1]
+    return fwd, bwd
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _block_and_stem(path: str) -> tuple[str, str]:
+    """A module path's numbered block (``layer.3``) and its stem below it, digits removed."""
+    parts = path.split(".")
+    last = max((k for k, p in enumerate(parts) if p.isdigit()), default=-1)
+    return ".".join(parts[: last + 1]), _DIGITS.sub("#", ".".join(parts[last + 1:]))
+
+
+def _in_order(groups: list[_Group]) -> bool:
+    """Whether sorted names order these groups: they differ only by numbers.
+
+    In each block the groups have one stem, and the blocks themselves differ only by numbers
+    (``layer1.0``, ``layer2.1``); ``encoder.blocks.0`` and ``decoder.blocks.0``, or a root
+    ``bn1`` and ``layer1.0.bn1``, are ordered by letters only, which says nothing.
+    """
+    stems: dict[str, str] = {}
+    for group in groups:
+        block, stem = _block_and_stem(group.path)
+        if stems.setdefault(block, stem) != stem:
+            return False
+    return len({_DIGITS.sub("#", block) for block in stems}) <= 1
+
+
+def _covers(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
+    """Whether every module of ``rows`` can take its own module of ``cols``, none left."""
+    if len(rows) != len(cols):
+        return False
+    owner: dict[int, int] = {}
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j in cols:
+            if match[i, j] and j not in seen:
+                seen.add(j)
+                if j not in owner or place(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(place(i, set()) for i in rows)
+
+
+def _blocks(ua: _Units, ub: _Units) -> list[tuple[list[int], list[int]]]:
+    """The k-th block of each context on one side with the k-th on the other, if as many."""
+    units_a, units_b = ua.blocks(), ub.blocks()
+    if units_a.keys() != units_b.keys() or any(
+            len(units_a[key]) != len(units_b[key]) for key in units_a):
+        return []
+    return [pair for key in units_a for pair in zip(units_a[key], units_b[key], strict=True)]
+
+
+class _Aligner:
+    """Pairs target groups with source groups (indices), step by step."""
+
+    def __init__(self, a: list[_Group], b: list[_Group], fits: Fits, *,
+                 source_ordered: bool) -> None:
+        self.a, self.b = a, b
+        self.fits = fits
+        self.source_ordered = source_ordered
+        sig_a = [g.signature() for g in a]
+        sig_b = [g.signature() for g in b]
+        ids_a = {s: k for k, s in enumerate(dict.fromkeys(sig_a))}
+        ids_b = {s: k for k, s in enumerate(dict.fromkeys(sig_b))}
+        rep_a = {ids_a[s]: g for s, g in zip(sig_a, a, strict=True)}
+        rep_b = {ids_b[s]: g for s, g in zip(sig_b, b, strict=True)}
+        table = np.zeros((len(ids_a), len(ids_b)), dtype=bool)
+        for ka, ga in rep_a.items():
+            for kb, gb in rep_b.items():
+                pairs = _paired(ga.tensors, gb.tensors)
+                table[ka, kb] = pairs is not None and all(fits(s, t) for t, s in pairs)
+        self.table = table
+        self.classes = ([ids_a[s] for s in sig_a], [ids_b[s] for s in sig_b])
+        self.match = table[np.ix_(*self.classes)]
+        self.pairs: dict[int, int] = {}
+
+    def _take(self, i: int, j: int) -> None:
+        self.pairs[i] = j
+
+    def _free(self) -> tuple[list[int], list[int]]:
+        used = set(self.pairs.values())
+        return ([i for i in range(len(self.a)) if i not in self.pairs],
+                [j for j in range(len(self.b)) if j not in used])
+
+    def _unique(self, rows: list[int], cols: list[int]) -> list[tuple[int, int]]:
+        """Pairs that fit each other and nothing else among ``rows`` x ``cols``."""
+        if not rows or not cols:
+            return []
+        sub = self.match[np.ix_(rows, cols)]
+        alone = (sub.sum(axis=1) == 1)[:, None] & (sub.sum(axis=0) == 1)[None, :] & sub
+        return [(rows[r], cols[c]) for r, c in zip(*np.nonzero(alone), strict=True)]
+
+    def _by_class(self, sides: tuple[list[tuple[str, ...]], list[tuple[str, ...]]]) -> None:
+        """For a sorted source: pair each shape class in order, where its order is known.
+
+        A class is split by the contexts that name where a module sits (``encoder``,
+        ``decoder``, ``cross``...; :data:`~torchgraft.graft.layouts.conventions.CONTEXTS`, those
+        both sides name): an encoder's blocks pair with the encoder's, whatever letters order them.
+        """
+        side_a, side_b = sides
+        classes_a: dict[tuple[tuple[bool, ...], tuple[str, ...]], list[int]] = {}
+        for i in range(len(self.a)):
+            classes_a.setdefault((tuple(self.match[i]), side_a[i]), []).append(i)
+        for (fits_row, side), rows in classes_a.items():
+            cols = [j for j, fit in enumerate(fits_row) if fit and side_b[j] == side]
+            if not cols or len(cols) != len(rows):
+                continue
+            if any([i for i in np.nonzero(self.match[:, j])[0] if side_a[i] == side] != rows
+                   for j in cols):
+                continue  # a source module of the class fits other target modules too
+            if _in_order([self.b[j] for j in cols]):
+                for i, j in zip(rows, cols, strict=True):
+                    self._take(i, j)
+
+    def solve(self, rows: list[int], cols: list[int]) -> None:
+        """Align a stretch: certain LCS pairs, then unique fits, then the stretches between."""
+        if not rows or not cols:
+            return
+        match = self.match[np.ix_(rows, cols)]
+        if not match.any():
+            return
+        fwd, bwd = _lcs_tables(match)
+        best = int(fwd[-1, -1])
+        usable = match & (fwd[:-1, :-1] + 1 + bwd[1:, 1:] == best)
+        ii, jj = np.nonzero(usable)
+        ranks = fwd[ii, jj]
+        counts = np.bincount(ranks, minlength=best)
+        certain = [(rows[i], cols[j]) for i, j, r in zip(ii, jj, ranks, strict=True)
+                   if counts[r] == 1]
+        if not certain:
+            self._solve_unique(rows, cols)
+            return
+        for i, j in certain:
+            self._take(i, j)
+        bounds = [(-1, -1), *sorted(certain), (len(self.a), len(self.b))]
+        for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
+            self.solve([r for r in rows if i0 < r < i1], [c for c in cols if j0 < c < j1])
+
+    def _solve_unique(self, rows: list[int], cols: list[int]) -> None:
+        """No certain LCS pair: take the unique fits, then solve what they leave."""
+        unique = self._unique(rows, cols)
+        for i, j in unique:
+            self._take(i, j)
+        if unique:
+            taken = {i for i, _ in unique}, {j for _, j in unique}
+            self.solve([r for r in rows if r not in taken[0]],
+                       [c for c in cols if c not in taken[1]])
+
+    def _neighbours(self) -> bool:
+        """Pair the unpaired neighbours of paired modules, under the same parents.
+
+        Only where nothing else is left to choose: no other unpaired module under the source
+        parent fits the target neighbour, and none under the target parent fits the source one.
+        """
+        used = set(self.pairs.values())
+        found = False
+        for i, j in list(self.pairs.items()):
+            for step in (1, -1):
+                ni, nj = i + step, j + step
+                if not (0 <= ni < len(self.a) and 0 <= nj < len(self.b)):
+                    continue
+                if ni in self.pairs or nj in used or not self.match[ni, nj]:
+                    continue
+                parent_a, parent_b = self.a[i].parent, self.b[j].parent
+                if self.a[ni].parent != parent_a or self.b[nj].parent != parent_b:
+                    continue
+                rivals_b = [k for k, g in enumerate(self.b) if g.parent == parent_b
+                            and k not in used and self.match[ni, k]]
+                rivals_a = [k for k, g in enumerate(self.a) if g.parent == parent_a
+                            and k not in self.pairs and self.match[k, nj]]
+                if rivals_b != [nj] or rivals_a != [ni]:
+                    continue
+                self._take(ni, nj)
+                used.add(nj)
+                found = True
+        return found
+
+    def _by_units(self, ua: _Units, ub: _Units) -> tuple[list[int], list[int]]:
+        """Pair numbered blocks in order, then align each pair's modules within it.
+
+        Only when both sides have as many blocks in each context (an encoder's, a decoder's)
+        and each block's modules can all fill the other's (a deeper or otherwise shaped
+        checkpoint aligns module by module). Inside a block, the order of use may differ (a
+        parallel residual runs its MLP first): aligning block by block keeps a module from
+        pairing with another block's.
+
+        Returns:
+            The target and source modules outside those blocks.
+        """
+        blocks = _blocks(ua, ub)
+        if len(blocks) < 2 or not all(_covers(self.match, rows, cols) for rows, cols in blocks):
+            return list(range(len(self.a))), list(range(len(self.b)))
+        for rows, cols in blocks:
+            self.solve(rows, cols)
+            self._solve_unique([i for i in rows if i not in self.pairs],
+                               [j for j in cols if j not in set(self.pairs.values())])
+        inside_a = {i for rows, _ in blocks for i in rows}
+        inside_b = {j for _, cols in blocks for j in cols}
+        return ([i for i in range(len(self.a)) if i not in inside_a],
+                [j for j in range(len(self.b)) if j not in inside_b])
+
+    def run(self, ua: _Units, ub: _Units) -> None:
+        """All steps, until nothing more pairs."""
+        if self.source_ordered:
+            self.solve(*self._by_units(ua, ub))
+        else:
+            self._by_class((ua.context, ub.context))
+        while True:
+            unique = self._unique(*self._free())
+            for i, j in unique:
+                self._take(i, j)
+            found = self._neighbours() if self.source_ordered else False
+            if not found and not unique:
+                return
+
+
+def _out_channels(group: _Group) -> int | None:
+    """A convolution's output channels (its weight has 3 dimensions or more), else None."""
+    weight = next((t for t in group.tensors if _leaf(t) == "weight"), None)
+    if weight is None or len(weight.shape) < 3 or weight.kind not in ("conv", None):
+        return None
+    return weight.shape[0]
+
+
+def _norm_size(group: _Group) -> int | None:
+    """A norm's width (every tensor of it 1-D), else None."""
+    weight = next((t for t in group.tensors if _leaf(t) == "weight"), None)
+    if weight is None or weight.kind not in ("norm", None) or any(
+            len(t.shape) != 1 for t in group.tensors):
+        return None
+    return weight.shape[0]
+
+
+def _anchors(groups: list[_Group], *, ordered: bool) -> tuple[list[int | None], set[int]]:
+    """The convolution each norm normalises (a group index), where names or order tell.
+
+    Under the norm's parent, the only convolution whose output channels are the norm's width
+    (``expansion.expand_conv`` for ``expansion.expand_bn``); else, where the side's order is
+    real, the one right before it (``_expand_conv`` before ``_bn0``): those norms are returned
+    apart, as known by order (a convention of code bases, not a fact of a file).
+    """
+    convs: dict[str, list[int]] = {}
+    for k, group in enumerate(groups):
+        if _out_channels(group) is not None:
+            convs.setdefault(group.parent, []).append(k)
+    found: list[int | None] = []
+    by_order: set[int] = set()
+    for k, group in enumerate(groups):
+        size = _norm_size(group)
+        fitting = [c for c in convs.get(group.parent, ()) if _out_channels(groups[c]) == size]
+        found.append(fitting[0] if len(fitting) == 1 else
+                     k - 1 if ordered and k - 1 in fitting else None)
+        if len(fitting) != 1 and found[-1] is not None:
+            by_order.add(k)
+    return found, by_order
+
+
+class _Units:
+    """One side's groups: their units, roles, classes, and the convolution of each norm."""
+
+    def __init__(self, groups: list[_Group], classes: list[int], *, ordered: bool) -> None:
+        children: dict[str, set[str]] = {}
+        for g in groups:
+            children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
+        self.paths = [g.path for g in groups]
+        self.unit = [unit_of(g.path) for g in groups]
+        self.parts = [role_parts(g.path, frozenset(children[g.parent])) for g in groups]
+        self.role = [joined_role(*p) for p in self.parts]
+        self.context = [contexts for contexts, _ in self.parts]
+        self.kept: set[str] = set()
+        self.cls = classes
+        self.ordered = ordered
+        self.anchor, self.anchored_by_order = _anchors(groups, ordered=ordered)
+
+    def blocks(self) -> dict[tuple[str, ...], list[list[int]]]:
+        """Numbered blocks (units) by the contexts of their path: each block's groups.
+
+        Blocks are in order of first use, the root apart; the contexts kept are those both
+        sides name (an encoder's blocks, a vision tower's).
+        """
+        found: dict[str, list[int]] = {}
+        for k, unit in enumerate(self.unit):
+            if unit:
+                found.setdefault(unit, []).append(k)
+        sides: dict[tuple[str, ...], list[list[int]]] = {}
+        for unit, members in found.items():
+            key = tuple(c for c in role_parts(unit)[0] if c in self.kept)
+            sides.setdefault(key, []).append(members)
+        return sides
+
+    def contexts(self) -> set[str]:
+        """Every context this side's paths name."""
+        return {c for contexts, _ in self.parts for c in contexts}
+
+    def keep_contexts(self, kept: set[str]) -> None:
+        """Roles with only the contexts both sides name (one side's ``encoder.`` says nothing)."""
+        self.kept = kept
+        self.context = [tuple(c for c in contexts if c in kept) for contexts, _ in self.parts]
+        self.role = [joined_role(context, own)
+                     for context, (_, own) in zip(self.context, self.parts, strict=True)]
+
+
+def _prefix(paths: list[str]) -> str:
+    """The common dotted prefix of paths (``a.b.c``, ``a.b.d`` -> ``a.b``)."""
+    common: list[str] = []
+    for column in zip(*(p.split(".") for p in paths), strict=False):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    return ".".join(common)
+
+
+def _common(paths: list[str]) -> str:
+    """The deepest module that holds every path (a lone path: its parent)."""
+    prefix = _prefix(paths)
+    shortest = min(p.count(".") for p in paths)
+    return ".".join(prefix.split(".")[:shortest]) if prefix else ""
+
+
+def _stem(path: str, scope: str) -> str:
+    return _DIGITS.sub("#", path[len(scope):])
+
+
+@dataclass
+class _Scope:
+    """Pairs whose modules share one side's unit, seen from both sides.
+
+    ``own`` is that side, ``other`` the other; stems are paths below the unit (own) and below
+    the deepest module holding the partners (other), digits as ``#``.
+    """
+
+    own: _Units
+    other: _Units
+    pairs: list[tuple[int, int]]  # (own group, other group)
+    partner: dict[int, int]  # every own group paired, to its partner
+    stems: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unit = self.own.unit[self.pairs[0][0]]
+        scope = _common([self.other.paths[k] for _, k in self.pairs])
+        for i, k in self.pairs:
+            self.stems[(i, k)] = (_stem(self.own.paths[i], unit),
+                                  _stem(self.other.paths[k], scope))
+
+
+def _scopes(pairs: dict[int, int], ua: _Units, ub: _Units, *,
+            sides: tuple[bool, ...] = (True, False)) -> list[_Scope]:
+    """Every unit of the target side (True) and of the source side (False), with its pairs."""
+    found = []
+    back = {j: i for i, j in pairs.items()}
+    for target_side in sides:
+        units: dict[str, list[tuple[int, int]]] = {}
+        for i, j in pairs.items():
+            if target_side:
+                units.setdefault(ua.unit[i], []).append((i, j))
+            else:
+                units.setdefault(ub.unit[j], []).append((j, i))
+        own, other = (ua, ub) if target_side else (ub, ua)
+        partner = pairs if target_side else back
+        found += [_Scope(own, other, items, partner) for items in units.values()]
+    return found
+
+
+def _repair(pairs: dict[int, int], ua: _Units, ub: _Units) -> None:
+    """Re-pair same-shape pairs of a unit by their roles, then by their numbers.
+
+    Scopes of one side hold disjoint pairs, so each side's are found afresh after the other's
+    were repaired.
+    """
+    for repair in (_repair_roles, _repair_anchors, _repair_numbers):
+        for target_side in (True, False):
+            for scope in _scopes(pairs, ua, ub, sides=(target_side,)):
+                repair(pairs, scope, target_side=target_side)
+
+
+def _set(pairs: dict[int, int], own: int, other: int, *, target_side: bool) -> None:
+    if target_side:
+        pairs[own] = other
+    else:
+        pairs[other] = own
+
+
+def _repair_roles(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Swap two pairs of a unit when that gives one of them the only partner of its role."""
+    own, other = scope.own, scope.other
+    current = dict(scope.pairs)
+    by_role: dict[tuple[str, int], list[int]] = {}
+    for _, k in scope.pairs:
+        if other.role[k] is not None:
+            by_role.setdefault((other.role[k] or "", other.cls[k]), []).append(k)
+    partner_of = {k: i for i, k in current.items()}
+    for i, k in list(current.items()):
+        wanted = by_role.get((own.role[i] or "", other.cls[k]), [])
+        if own.role[i] is None or other.role[k] == own.role[i] or len(wanted) != 1:
+            continue
+        i2 = partner_of[wanted[0]]
+        if own.cls[i2] != own.cls[i] or own.role[i2] == other.role[wanted[0]]:
+            continue
+        current[i], current[i2] = wanted[0], k
+        partner_of[wanted[0]], partner_of[k] = i, i2
+    for i, k in current.items():
+        _set(pairs, i, k, target_side=target_side)
+
+
+def _repair_anchors(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Swap two same-shape norms of a unit when that pairs each with its convolution's partner."""
+    own, other = scope.own, scope.other
+    current = dict(scope.pairs)
+    partner_of = {k: i for i, k in current.items()}
+    for i, k in list(current.items()):
+        conv = own.anchor[i]
+        if conv is None or conv not in scope.partner or _anchored(scope, i, k):
+            continue
+        wanted = [k2 for k2 in partner_of if other.anchor[k2] == scope.partner[conv]
+                  and other.cls[k2] == other.cls[k]]
+        i2 = partner_of[wanted[0]] if len(wanted) == 1 else None
+        if i2 is None or own.cls[i2] != own.cls[i] or _anchored(scope, i2, wanted[0]):
+            continue
+        current[i], current[i2] = wanted[0], k
+        partner_of[wanted[0]], partner_of[k] = i, i2
+    for i, k in current.items():
+        _set(pairs, i, k, target_side=target_side)
+
+
+def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) -> None:
+    """Within a unit, pairs of numbered siblings follow their numbers on both sides."""
+    groups: dict[tuple[str, str, int, int], list[tuple[int, int]]] = {}
+    for i, k in scope.pairs:
+        stems = scope.stems[(i, k)]
+        if "#" in stems[0] and "#" in stems[1]:
+            groups.setdefault((*stems, scope.own.cls[i], scope.other.cls[k]), []).append((i, k))
+    for items in groups.values():
+        owns = sorted((i for i, _ in items), key=lambda i: natural_key(scope.own.paths[i]))
+        others = sorted((k for _, k in items), key=lambda k: natural_key(scope.other.paths[k]))
+        for i, k in zip(owns, others, strict=True):
+            _set(pairs, i, k, target_side=target_side)
+
+
+#: Why a swap is ruled out: by conventions of code bases (roles and numbers in names, a norm
+#: right after its convolution in stored order), or by the models' own structure (a norm's
+#: convolution, the only one of its width under its parent, paired).
+CONVENTION, STRUCTURE = "convention", "structure"
+
+
+#: A part of a fused tensor split by torchgraft (``mlp.gate_up_proj[1]``).
+_PART = re.compile(r"\[\d+\]$")
+
+
+def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | None:
+    """Why swapping the partners of ``p`` and ``q`` is forbidden, if it is.
+
+    Returns:
+        :data:`STRUCTURE` or :data:`CONVENTION` (roles, convolutions or order), else ``None``.
+    """
+    own, other = scope.own, scope.other
+    (i, k), (i2, k2) = p, q
+    found = None
+    for (x, y), y2 in ((p, k2), (q, k)):
+        if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
+            if not ({x} & own.anchored_by_order or {y, y2} & other.anchored_by_order):
+                return STRUCTURE
+            found = CONVENTION
+        if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
+            if _PART.search(own.paths[x]) or _PART.search(other.paths[y]):
+                return STRUCTURE  # a fused tensor's part: its name states the order
+            found = CONVENTION
+    (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
+    numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
+    if not any(numbered) or _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False:
+        return found  # order alone, or against the convolutions, says nothing
+    before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
+    return CONVENTION if before is not None and before == after else found
+
+
+def _anchored(scope: _Scope, x: int, y: int) -> bool | None:
+    """Whether norms ``x`` (own) and ``y`` (other) normalise paired convolutions; None: unknown."""
+    conv, other_conv = scope.own.anchor[x], scope.other.anchor[y]
+    if conv is None or other_conv is None or conv not in scope.partner:
+        return None
+    return scope.partner[conv] == other_conv
+
+
+def _before(units: _Units, numbered: bool, x: int, x2: int) -> bool | None:
+    """Whether ``x`` comes before ``x2`` on its side, where that is known.
+
+    Numbers in their names order siblings that differ only by them (``bn1``, ``bn2``,
+    ``_bn0``); a real order of definition or use orders norms that each follow their
+    convolution (against numbered ones on the other side only). Else ``None``.
+    """
+    if numbered:
+        return natural_key(units.paths[x]) < natural_key(units.paths[x2])
+    if units.ordered and units.anchor[x] is not None and units.anchor[x2] is not None:
+        return x < x2
+    return None
+
+
+def _named_alike(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool:
+    """Whether pair ``p``'s modules have one name on both sides, and ``q``'s partner another."""
+    (i, k), (_, k2) = p, q
+    name = scope.own.paths[i].rpartition(".")[2]
+    return not name.isdigit() and name == scope.other.paths[k].rpartition(".")[2] != \
+        scope.other.paths[k2].rpartition(".")[2]
+
+
+class _Judge:
+    """Which pairs are guesses: another pair of the same unit could swap with them.
+
+    Two pairs can swap when their modules share a unit on one side and each fits the other's
+    partner. Roles rule a swap out (a pair's roles agree, the swap's would not), and so do
+    numbers (both sides differ only by numbers, ``bn1``/``bn2`` and ``layer.0``/``layer.1``,
+    and the pairs follow them). An unpaired source module of the unit that fits is an
+    alternative too.
+    """
+
+    def __init__(self, aligner: _Aligner, ua: _Units, ub: _Units, *,
+                 trust_conventions: bool = True) -> None:
+        self.aligner, self.ua, self.ub = aligner, ua, ub
+        self.trust_conventions = trust_conventions
+        self.by_convention: set[int] = set()
+        self.free: dict[str, list[int]] = {}
+        for j in aligner._free()[1]:
+            self.free.setdefault(ub.unit[j], []).append(j)
+
+    def _fits(self, i: int, j: int) -> bool:
+        return bool(self.aligner.table[self.ua.cls[i], self.ub.cls[j]])
+
+    def _role_rules_out(self, i: int, j: int, k: int) -> bool:
+        """Whether roles rule out ``k`` for ``i``: ``i`` and ``j`` agree, ``k`` does not."""
+        role = self.ua.role[i]
+        return role is not None and role == self.ub.role[j] != self.ub.role[k]
+
+    def _swaps(self, scope: _Scope) -> dict[int, list[int]]:
+        """Target group to the source groups it could swap with, within one scope."""
+        found: dict[int, list[int]] = {}
+        buckets: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for i, k in scope.pairs:
+            buckets.setdefault((scope.own.cls[i], scope.other.cls[k]), []).append((i, k))
+        for p in scope.pairs:
+            for q in (q for items in buckets.values() for q in items):
+                if q == p:
+                    continue
+                i, j = p if scope.own is self.ua else p[::-1]
+                i2, j2 = q if scope.own is self.ua else q[::-1]
+                if not (self._fits(i, j2) and self._fits(i2, j)) or _named_alike(scope, p, q):
+                    continue
+                why = _ruled_out(scope, p, q)
+                if why is None:
+                    found.setdefault(i, []).append(j2)
+                elif why == CONVENTION and not self.trust_conventions:
+                    found.setdefault(i, []).append(j2)
+                    self.by_convention.add(i)
+        return found
+
+    def guesses(self) -> dict[int, list[int]]:
+        """Target group to the other source groups it could have been paired with."""
+        found: dict[int, list[int]] = {}
+        for scope in _scopes(self.aligner.pairs, self.ua, self.ub):
+            for i, others in self._swaps(scope).items():
+                found.setdefault(i, []).extend(j for j in others if j not in found[i])
+        votes: dict[str, Counter[str]] = {}
+        for i, j in self.aligner.pairs.items():
+            votes.setdefault(self.ua.unit[i], Counter())[self.ub.unit[j]] += 1
+        for i, j in self.aligner.pairs.items():
+            free = [k for k in self.free.get(self.ub.unit[j], ())
+                    if self._fits(i, k) and not self._role_rules_out(i, j, k)]
+            if free:
+                found.setdefault(i, []).extend(free)
+            unit_votes = votes[self.ua.unit[i]]
+            if unit_votes[self.ub.unit[j]] < max(unit_votes.values()):
+                found.setdefault(i, [])  # its block's other modules went to another block
+        return found
+
+
+def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
+    """Pair what is left inside units already aligned: by role, else same-shape in order.
+
+    A target unit is aligned with the deepest source module holding the partners of its
+    pairs (several small target units may share one; the roots hold each other). Inside it,
+    a free target module takes the only free source module of its role that fits; then,
+    where as many free modules are left on each side and each fits every other, they pair in
+    order (guesses, which the judge reports as such).
+    """
+    partners: dict[str, set[str]] = {}
+    for i, j in aligner.pairs.items():
+        partners.setdefault(ua.unit[i], set()).add(ub.unit[j])
+    scope_of = {unit: _prefix(list(units)) for unit, units in partners.items()}
+    scope_of.setdefault("", "")
+    free_a, free_b = aligner._free()
+    rows_of: dict[str, list[int]] = {}
+    for i in free_a:
+        if ua.unit[i] in scope_of:
+            rows_of.setdefault(scope_of[ua.unit[i]], []).append(i)
+    cols_of: dict[str, list[int]] = {}
+    for j in free_b:
+        for scope in _ancestors(ub.paths[j]) if ub.unit[j] else ("",):
+            if scope in rows_of:
+                cols_of.setdefault(scope, []).append(j)
+    for scope, rows in rows_of.items():
+        left = _by_role(aligner, rows, cols_of.get(scope, []), ua, ub)
+        taken = set(aligner.pairs.values())
+        rows = [i for i in rows if i not in aligner.pairs]
+        cols = [j for j in left if j not in taken]
+        if rows and len(rows) == len(cols) and aligner.match[np.ix_(rows, cols)].all():
+            for i, j in zip(rows, cols, strict=True):
+                aligner.pairs[i] = j
+
+
+def _ancestors(path: str) -> list[str]:
+    """Every module above a path, the root excluded: ``a.b.c`` -> ``a``, ``a.b``."""
+    parts = path.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def _by_role(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
+             ub: _Units) -> list[int]:
+    """Pair rows with the only column of their role that fits; return the columns left."""
+    by_role: dict[str, list[int]] = {}
+    for j in cols:
+        by_role.setdefault(ub.role[j] or "", []).append(j)
+    wanted = Counter(ua.role[i] for i in rows)
+    for i in rows:
+        role = ua.role[i]
+        found = [j for j in by_role.get(role or "", ()) if aligner.match[i, j]]
+        if role is not None and wanted[role] == 1 and len(found) == 1:
+            aligner.pairs[i] = found[0]
+    taken = set(aligner.pairs.values())
+    return [j for j in cols if j not in taken]
+
+
+def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str, *,
+           convention: bool = False) -> Guess:
+    why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and only two "
+           "code bases' conventions (numbers and roles in names, a norm right after its "
+           "convolution in stored order) tell which is which"
+           if convention else
+           f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
+           "their names nor their numbers tell which is which")
+    return Guess(tuple(f"{b[k].path}.{leaf}" for k in others), why)
+
+
+def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
+          source_infos: dict[str, TensorInfo], fits: Fits,
+          bookkeeping: Bookkeeping = lambda name: False, *,
+          source_ordered: bool = True, trust_conventions: bool = True) -> Alignment:
+    """Align unmatched target and source tensors by structure.
+
+    Args:
+        targets: Unmatched target keys, in order of use.
+        sources: Unmatched source keys, in order of use.
+        target_infos: Target metadata.
+        source_infos: Source metadata.
+        fits: Whether a source tensor can fill a target tensor (shapes, layouts, kinds).
+        bookkeeping: Whether a key is a bookkeeping buffer, left out of a module's size.
+        source_ordered: False when the source's order was recovered from sorted names.
+        trust_conventions: Whether roles and numbers of names settle a pair among same-shape
+            siblings (a module source); else such pairs are guesses.
+
+    Returns:
+        The pairs that are certain, and why the others that could fit stayed unpaired.
+    """
+    a = _groups(targets, target_infos, bookkeeping)
+    b = _groups(sources, source_infos, bookkeeping)
+    if not a or not b:
+        return Alignment({})
+    aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
+    ua = _Units(a, aligner.classes[0], ordered=True)
+    ub = _Units(b, aligner.classes[1], ordered=source_ordered)
+    common = ua.contexts() & ub.contexts()
+    ua.keep_contexts(common)
+    ub.keep_contexts(common)
+    aligner.run(ua, ub)
+    _fill_by_units(aligner, ua, ub)
+    _repair(aligner.pairs, ua, ub)
+    judge = _Judge(aligner, ua, ub, trust_conventions=trust_conventions)
+    result = _paired_tensors(aligner, judge.guesses(), judge.by_convention)
+    result.ambiguous = _ambiguous(aligner)
+    return result
+
+
+def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
+                    by_convention: set[int]) -> Alignment:
+    """The tensor pairs of the module pairs, each with its evidence."""
+    a, b = aligner.a, aligner.b
+    result = Alignment({})
+    for i, j in aligner.pairs.items():
+        found = [(t.name, s.name) for t, s in _paired(a[i].tensors, b[j].tensors) or ()]
+        extra = {_leaf(s): s for s in b[j].bookkeeping}
+        found += [(t.name, extra[_leaf(t)].name) for t in a[i].bookkeeping if _leaf(t) in extra]
+        for target, source in found:
+            result.pairs[target] = source
+            result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
+            if i in guessed:
+                result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2],
+                                                convention=i in by_convention)
+                if i in by_convention:
+                    result.by_convention.add(target)
+    return result
+
+
+def _ambiguous(aligner: _Aligner) -> dict[str, str]:
+    """Why each target tensor left unpaired stayed so, where several modules fit it."""
+    free_a, free_b = aligner._free()
+    if not free_a or not free_b:
+        return {}
+    free_match = aligner.match[np.ix_(free_a, free_b)]
+    ambiguous: dict[str, str] = {}
+    for row, i in enumerate(free_a):
+        candidates = [aligner.b[free_b[k]].path for k in np.nonzero(free_match[row])[0]]
+        if candidates:
+            shown = ", ".join(f"'{c}'" for c in candidates[:3])
+            more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
+            why = (f"structure is ambiguous: checkpoint modules {shown}{more} fit it, and "
+                   "other modules of the model as well; add a rule that names its source")
+            ambiguous.update(dict.fromkeys((t.name for t in aligner.a[i].tensors), why))
+    return ambiguous

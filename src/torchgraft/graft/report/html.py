@@ -1,0 +1,238 @@
+"""The graft report as one self-contained HTML page: both module trees, side by side.
+
+Every target tensor is coloured by how it was filled (exact, wrapper, rule, layout, structure,
+adapted, re-initialised, tied, missing) and linked to the source tensor that filled it; every
+source tensor links back, or is marked unused. Each row shows the tensor's shape and dtype, the
+evidence for its match (name, structure, guess, verified) and, for anything not plainly
+loaded, the reason, in the page (not only on hover). The header gives the verdict and whether
+outputs were compared. A search box filters keys (``?q=text`` in the address fills it),
+checkboxes filter by kind. No network: styles and the few lines of script are inline.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..tensors import TensorInfo
+    from .report import GraftReport
+
+__all__ = ["KINDS", "describe", "render_html"]
+
+#: Kinds of keys, in the order the filters list them, with their colours.
+KINDS: dict[str, str] = {
+    "exact": "#2e7d32", "wrapper": "#558b2f", "prefix": "#689f38", "rule": "#00838f",
+    "layout": "#1565c0", "structure": "#6a1b9a", "adapted": "#ef6c00",
+    "reinitialised": "#c62828", "tied": "#5d4037", "missing": "#b71c1c", "unused": "#757575",
+    "base": "#9e9e9e",
+}
+#: Kinds whose reason is shown under the key (a plain load needs none).
+_EXPLAINED = ("adapted", "reinitialised", "tied", "missing", "unused", "base", "structure")
+
+_STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}
+header{padding:12px 20px;background:#f5f5f5;border-bottom:1px solid #ddd}
+h1{font-size:18px;margin:0 0 6px}h2{font-size:15px;margin:8px 0}
+.ok{color:#2e7d32}.bad{color:#c62828}.compared{margin:2px 0;color:#444}
+#filters{padding:8px 20px;border-bottom:1px solid #ddd;position:sticky;top:0;background:#fff}
+#filters label{margin-right:12px;white-space:nowrap;cursor:pointer}
+#search{margin-right:16px;padding:2px 6px;width:18em}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px}
+main{display:grid;grid-template-columns:1fr 1fr;gap:16px;padding:0 20px 40px}
+details{margin-left:14px}summary{cursor:pointer;color:#444}
+.n{color:#999;font-size:12px}
+.t{margin-left:28px;padding:1px 6px;border-left:4px solid;font-family:ui-monospace,monospace;
+   font-size:13px;word-break:break-all}
+.t a{color:inherit;opacity:.75;margin-left:8px}
+.t .m{color:#666;margin-left:8px;font-size:12px}
+.t .e{color:#666;margin-left:6px;font-size:11px;border:1px solid #ccc;border-radius:3px;
+      padding:0 3px}
+.t .why{color:#444;font-family:system-ui,sans-serif;font-size:12px;white-space:normal}
+.t:target{background:#fff59d}
+ul.notes{margin:4px 0;padding-left:20px}
+"""
+
+_SCRIPT = """
+document.querySelectorAll('#filters input[type=checkbox]').forEach(function (box) {
+  box.addEventListener('change', function () {
+    document.body.classList.toggle('hide-' + box.value, !box.checked);
+  });
+});
+var search = document.getElementById('search');
+function filter() {
+  var text = search.value.toLowerCase();
+  document.querySelectorAll('.t').forEach(function (row) {
+    row.hidden = text !== '' && row.dataset.key.toLowerCase().indexOf(text) < 0;
+  });
+}
+search.addEventListener('input', filter);
+search.value = new URLSearchParams(location.search).get('q') || '';
+filter();
+"""
+
+
+def describe(info: TensorInfo) -> str:
+    """A tensor's shape and dtype as the page shows them: ``(64, 3, 7, 7) float32``."""
+    return _described(tuple(info.shape), info.dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    """One text per shape and dtype: models of 100k tensors have a few dozen of them."""
+    return f"{shape} {str(dtype).removeprefix('torch.')}"
+
+
+def _target_kind(report: GraftReport, key: str) -> str:
+    if key in report.reinitialised:
+        return "reinitialised"
+    if key in report.tied:
+        return "tied"
+    if key in report.missing:
+        return "missing"
+    if key in report.not_in_adapter:
+        return "base"
+    if key in report.adapted:
+        return "adapted"
+    return report.matched_by.get(key, "exact")
+
+
+def _target_note(report: GraftReport, key: str) -> str:
+    if key in report.mapping:
+        how = report.adapted.get(key) or f"matched by {report.matched_by[key]}"
+        guess = f" ({report.guesses[key].describe()})" if key in report.guesses else ""
+        return f"<- {report.mapping[key]}: {how}{guess}"
+    if key in report.tied:
+        return f"tied to {report.tied[key]}"
+    return report.reasons.get(key, "")
+
+
+def _tree(keys: Iterable[str]) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    for key in keys:
+        node = root
+        *path, _leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part + ".", {})
+        node[key] = None
+    return root
+
+
+def _render_tree(node: dict[str, Any], row: Any, out: list[str]) -> int:
+    count = 0
+    for name, child in node.items():
+        if child is None:
+            out.append(row(name))
+            count += 1
+            continue
+        inner: list[str] = []
+        n = _render_tree(child, row, inner)
+        out.append(f"<details open><summary>{html.escape(name.rstrip('.'))} "
+                   f"<span class=n>{n}</span></summary>{''.join(inner)}</details>")
+        count += n
+    return count
+
+
+def _row(key: str, anchor: str, kind: str, *, shape: str | None, links: str, evidence: str,
+         why: str) -> str:
+    """One tensor: its leaf name, shape and dtype, links, evidence, and the reason if any."""
+    parts = [f"<b>{html.escape(key.rpartition('.')[2])}</b>"]
+    if shape:
+        parts.append(f"<span class=m>{html.escape(shape)}</span>")
+    if evidence:
+        parts.append(f"<span class=e>{html.escape(evidence)}</span>")
+    parts.append(links)
+    if why and kind in _EXPLAINED:
+        parts.append(f"<div class=why>{html.escape(why)}</div>")
+    hover = f"{key} | evidence: {evidence}" if evidence else key
+    return (f'<div class="t kind-{kind}" id="{anchor}" data-kind="{kind}" '
+            f'data-key="{html.escape(key)}" title="{html.escape(hover)}">{"".join(parts)}</div>')
+
+
+def _compared(report: GraftReport) -> str:
+    """Whether outputs were compared, and what came of it."""
+    if report.divergence:
+        return f"outputs compared: they differ ({report.divergence})"
+    if report.max_abs_diff is not None:
+        return (f"outputs compared: equal within tolerance (max |difference| "
+                f"{report.max_abs_diff:.3g}); every loaded key is verified")
+    return ("outputs not compared (no source module and example inputs): the matches rest on "
+            "names and structure, as each key's evidence says")
+
+
+def render_html(report: GraftReport, *, title: str = "torchgraft graft report") -> str:
+    """Render a graft report as a self-contained HTML page.
+
+    Args:
+        report: The report.
+        title: The page title.
+
+    Returns:
+        The page.
+    """
+    targets = report.targets or [*report.loaded, *report.reinitialised, *report.tied,
+                                 *report.missing, *report.not_in_adapter]
+    sources = report.sources or [*dict.fromkeys([*report.mapping.values(), *report.unused])]
+    target_id = {k: f"t{i}" for i, k in enumerate(targets)}
+    source_id = {k: f"s{i}" for i, k in enumerate(sources)}
+    filled_by: dict[str, list[str]] = {}
+    for target, source in report.mapping.items():
+        filled_by.setdefault(source, []).append(target)
+    kinds: dict[str, int] = dict.fromkeys(KINDS, 0)
+
+    def target_row(key: str) -> str:
+        kind = _target_kind(report, key)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        link = ""
+        if key in report.mapping and report.mapping[key] in source_id:
+            link = (f'<a href="#{source_id[report.mapping[key]]}">&larr; '
+                    f"{html.escape(report.mapping[key])}</a>")
+        evidence = report.evidence.get(key)
+        return _row(key, target_id[key], kind, shape=report.shapes.get(key), links=link,
+                    evidence=evidence.value if evidence is not None else "",
+                    why=_target_note(report, key))
+
+    def source_row(key: str) -> str:
+        users = filled_by.get(key, [])
+        kind = _target_kind(report, users[0]) if users else "unused"
+        if not users:
+            kinds["unused"] += 1
+        links = "".join(f'<a href="#{target_id[u]}">&rarr; {html.escape(u)}</a>' for u in users
+                        if u in target_id)
+        why = "" if users else "not used: " + report.reasons.get(key, "nothing in the model "
+                                                                       "takes it")
+        return _row(key, source_id[key], kind, shape=report.shapes.get(f"checkpoint:{key}"),
+                    links=links, evidence="", why=why)
+
+    target_html: list[str] = []
+    _render_tree(_tree(targets), target_row, target_html)
+    source_html: list[str] = []
+    _render_tree(_tree(sources), source_row, source_html)
+    counts = report.headline().partition(": ")[2]
+    verdict = (f'<span class="{"ok" if report.ok else "bad"}">'
+               f'{html.escape(report.headline().partition(": ")[0])}</span>')
+    notes = [*(f"assumed: {a.describe()}" for a in report.assumptions),
+             *([report.settle()] if report.settle() else []), *report.warnings]
+    filters = "<input type=search id=search placeholder='search keys' aria-label='search keys'>"
+    filters += "".join(
+        f'<label><input type=checkbox checked value="{kind}"><span class=swatch '
+        f'style="background:{colour}"></span>{kind} ({kinds.get(kind, 0)})</label>'
+        for kind, colour in KINDS.items() if kinds.get(kind))
+    colours = "".join(f".kind-{k}{{border-color:{c};color:{c}}}.hide-{k} .kind-{k}"
+                      f"{{display:none}}" for k, c in KINDS.items())
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}{colours}</style></head><body>"
+        f"<header><h1>{verdict}: {html.escape(counts)}</h1>"
+        f"<p class=compared id=compared>{html.escape(_compared(report))}</p>"
+        + (f"<ul class=notes>{''.join(f'<li>{html.escape(n)}</li>' for n in notes)}</ul>"
+           if notes else "")
+        + f"</header><nav id=filters>{filters}</nav><main>"
+        f"<section id=target><h2>model: {len(targets)} tensors</h2>{''.join(target_html)}"
+        f"</section><section id=source><h2>checkpoint: {len(sources)} tensors</h2>"
+        f"{''.join(source_html)}</section></main><script>{_SCRIPT}</script></body></html>"
+    )

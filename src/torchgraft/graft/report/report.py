@@ -1,0 +1,333 @@
+"""The graft report: every key, what happened to it and why; ``GraftError`` for strict grafts."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ...atomic import atomic_path
+from ...errors import TorchgraftError
+from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Evidence, Guess, Verdict
+from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
+from ..tensors import TensorInfo
+from .html import describe, render_html
+
+__all__ = ["GraftError", "GraftReport"]
+
+
+@dataclass
+class GraftReport:
+    """What a graft did, per key.
+
+    Attributes:
+        loaded: Target keys filled, in the target's order.
+        mapping: Target key to the source key that filled it.
+        matched_by: Target key to the matching step (exact, rule, layout, wrapper, prefix,
+            structure).
+        adapted: Target key to what was done to the tensor (transposed, rows, channels, cast).
+        missing: Target keys left as they were.
+        unused: Source keys not used.
+        reasons: Key to why it is missing, unused or re-initialised.
+        reinitialised: Target key to why it got fresh values (``init=``) rather than the
+            checkpoint's: a new classifier head. Handled: it does not make the report not ok
+            (``strict=True`` still raises for it).
+        tied: Target key to the key it is tied to (the same Parameter), filled once through it.
+        warnings: What torchgraft could not be sure of, in words.
+        max_abs_diff: When outputs were compared (``verify``): the largest output difference
+            between the source module and the model.
+        divergence: When outputs were compared and differ beyond tolerance: where activations
+            first diverge. The report is then not ok.
+        not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
+            adapter never holds; not missing (the report is scoped to the adapter's keys).
+        evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
+            ``guess``, or ``verified`` once outputs were compared equal.
+        guesses: Loaded key filled by a guess to its alternatives and how to settle it; any
+            guess left unverified makes the verdict ``unverified``.
+        verified_with: When outputs were compared: what with (the source module, a
+            ``source_model=``, the model a folder's config.json describes).
+        settled: Guesses that comparing outputs settled: the hypothesis kept for each diverging
+            unit (two same-shape modules swapped, rotary rows permuted).
+        surplus: Unused source keys of blocks the model lacks (the checkpoint is deeper), with
+            the reason; they make the verdict ``unverified`` (a rule that drops them settles it).
+        assumptions: What the graft relies on that the checkpoint cannot confirm (a bare
+            state dict from another code base: the attention's head count, which same-shape
+            sibling is which); any left unverified makes the verdict ``unverified``.
+        infos: The model's and the checkpoint's tensors by key, for :attr:`shapes`.
+        targets: Every target key, in the model's order (for :meth:`to_html`).
+        sources: Every source key, in stored order (for :meth:`to_html`).
+        plan: The plan the graft ran (``tg.save(model, path, layout_of=report)`` runs it
+            backwards).
+    """
+
+    loaded: list[str] = field(default_factory=list)
+    mapping: dict[str, str] = field(default_factory=dict)
+    matched_by: dict[str, str] = field(default_factory=dict)
+    adapted: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+    reinitialised: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    max_abs_diff: float | None = None
+    divergence: str | None = None
+    not_in_adapter: list[str] = field(default_factory=list)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    guesses: dict[str, Guess] = field(default_factory=dict)
+    verified_with: str | None = None
+    settled: list[str] = field(default_factory=list)
+    surplus: dict[str, str] = field(default_factory=dict)
+    assumptions: list[Assumption] = field(default_factory=list)
+    infos: tuple[Mapping[str, TensorInfo], Mapping[str, TensorInfo]] = field(
+        default=({}, {}), repr=False, compare=False)
+    targets: list[str] = field(default_factory=list, repr=False)
+    sources: list[str] = field(default_factory=list, repr=False)
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, *, targets: Iterable[str] = (),
+                  sources: Iterable[str] = ()) -> GraftReport:
+        """The report of a plan, once executed.
+
+        Args:
+            plan: The plan.
+            targets: Every target key, in the model's order.
+            sources: Every source key, in stored order.
+        """
+        report = cls(targets=list(targets), sources=list(sources), plan=plan)
+        for step in plan.steps:
+            report.loaded.append(step.target)
+            report.mapping[step.target] = step.source
+            report.matched_by[step.target] = step.matched_by
+            report.evidence[step.target] = step.evidence
+            if step.target in plan.guesses:
+                report.guesses[step.target] = plan.guesses[step.target]
+            done = step.describe()
+            if done:
+                report.adapted[step.target] = done
+        report.missing = list(plan.missing)
+        report.unused = list(plan.unused)
+        report.reinitialised = dict(plan.reinitialised)
+        report.surplus = dict(plan.surplus)
+        report.assumptions = list(plan.assumptions)
+        report.tied = dict(plan.tied)
+        report.warnings = list(plan.warnings)
+        report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}
+        return report
+
+    @cached_property
+    def shapes(self) -> dict[str, str]:
+        """Key (target, or source as ``"checkpoint:<key>"``) to its shape and dtype.
+
+        E.g. ``"(64, 3, 7, 7) float32"`` (for :meth:`to_html`); found when first asked.
+        """
+        targets, sources = self.infos
+        return {**{k: describe(i) for k, i in targets.items()},
+                **{f"checkpoint:{k}": describe(i) for k, i in sources.items()}}
+
+    def add_missing(self, reasons: Mapping[str, str]) -> None:
+        """Record target keys found missing after the plan ran (left on the meta device).
+
+        Args:
+            reasons: Key to why it is missing; keys recorded as loaded are no longer.
+        """
+        if not reasons:
+            return
+        if any(key in reasons for key in self.loaded):  # sets, not list scans: 100k keys
+            self.loaded = [key for key in self.loaded if key not in reasons]
+        for key in reasons:
+            self.evidence.pop(key, None)
+            self.guesses.pop(key, None)
+        known = set(self.missing)
+        self.missing += [key for key in reasons if key not in known]
+        self.reasons.update(reasons)
+
+    def mark_verified(self) -> None:
+        """Outputs were compared equal: every loaded key is ``verified``, no guess is left."""
+        self.evidence = dict.fromkeys(self.evidence, Evidence.VERIFIED)
+        self.guesses.clear()
+        self.surplus.clear()
+        self.assumptions.clear()
+
+    @property
+    def verdict(self) -> Verdict:
+        """The verdict: ``diverged``, ``incomplete``, ``unverified`` or ``ok``.
+
+        ``diverged`` if outputs differ, else ``incomplete`` if keys are missing (bookkeeping
+        buffers aside), else ``unverified`` if a key was guessed or an assumption made, else
+        ``ok``.
+        """
+        if self.divergence is not None:
+            return Verdict.DIVERGED
+        if [k for k in self.missing if not is_bookkeeping(k)]:
+            return Verdict.INCOMPLETE
+        if self.guesses or self.surplus or self.assumptions:
+            return Verdict.UNVERIFIED
+        return Verdict.OK
+
+    @property
+    def exit_code(self) -> int:
+        """The CLI's exit code for the verdict: 0 ok, 1 incomplete, 3 unverified, 4 diverged."""
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def ok(self) -> bool:
+        """True when the verdict is ``ok``.
+
+        Every target key loaded (or tied, re-initialised), none by a guess that outputs did
+        not settle, and outputs agree where compared.
+        """
+        return self.verdict is Verdict.OK
+
+    @property
+    def complete(self) -> bool:
+        """True when every target key is filled, guesses or not, and outputs did not diverge."""
+        return self.verdict in (Verdict.OK, Verdict.UNVERIFIED)
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing is missing, unused or re-initialised: what strict needs.
+
+        Bookkeeping buffers aside.
+        """
+        return (self.ok and not self.reinitialised
+                and not [k for k in self.unused if not is_bookkeeping(k)])
+
+    def counts(self) -> dict[str, int]:
+        """Numbers of keys loaded, renamed (matched other than by exact name), adapted..."""
+        return {
+            "loaded": len(self.loaded),
+            "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
+            "guessed": len(self.guesses),
+            "adapted": len(self.adapted),
+            "reinitialised": len(self.reinitialised),
+            "tied": len(self.tied),
+            "missing": len(self.missing),
+            "unused": len(self.unused),
+            "not in adapter": len(self.not_in_adapter),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {"ok": self.ok, "verdict": self.verdict.value, "counts": self.counts(),
+                "evidence": {k: v.value for k, v in self.evidence.items()},
+                "guesses": {k: {"alternatives": list(g.alternatives), "why": g.why,
+                                "settle": g.settle} for k, g in self.guesses.items()},
+                "surplus": self.surplus,
+                "assumptions": [{"what": a.what, "assumed": a.assumed, "why": a.why,
+                                 "settle": a.settle} for a in self.assumptions],
+                "loaded": self.loaded,
+                "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
+                "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
+                "reinitialised": self.reinitialised, "tied": self.tied,
+                "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
+                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
+                "verified_with": self.verified_with, "settled": self.settled}
+
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as one self-contained HTML page (no network needed to view it).
+
+        Both module trees side by side, each target tensor linked to the source tensor that
+        filled it and coloured by how, the reason on hover, filters by kind.
+
+        Args:
+            path: Where to write the page.
+
+        Returns:
+            The path written.
+        """
+        destination = Path(path)
+        with atomic_path(destination, overwrite=True) as temporary:
+            temporary.write_text(render_html(self), encoding="utf-8")
+        return destination
+
+    def to_json(self, **kwargs: Any) -> str:
+        """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """(status, key, detail) for every key that was not plainly loaded by exact name."""
+        rows = []
+        for key in self.loaded:
+            if key in self.adapted:
+                source = self.mapping[key]
+                rows.append(("adapted", key, self.adapted[key] if source == key
+                             else f"<- {source}: {self.adapted[key]}"))
+            elif self.matched_by[key] != "exact" and key not in self.guesses:
+                rows.append((self.matched_by[key], key, f"<- {self.mapping[key]}"))
+        rows += [("guess", k, f"<- {self.mapping[k]}: {g.describe()}")
+                 for k, g in self.guesses.items()]
+        rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
+        rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
+        rows += [("missing", k, self.reasons[k]) for k in self.missing]
+        rows += [("surplus" if k in self.surplus else "unused", k,
+                  self.surplus.get(k, self.reasons[k]))
+                 for k in self.unused if k not in self.missing]
+        rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
+        return rows
+
+    def settle(self) -> str:
+        """Why the verdict is unverified and how to settle it, in one line (or empty)."""
+        parts = [f"the {a.what} was assumed ({a.assumed}); to settle it, {a.settle}"
+                 for a in self.assumptions if a.what != SIBLINGS]
+        if self.guesses:
+            ways = dict.fromkeys(g.settle for g in self.guesses.values())
+            parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
+                         f"candidates; to settle them, {'; or '.join(ways)}")
+        if self.surplus:
+            parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks: "
+                         "another configuration, or a rule that drops them says it is meant")
+        return "; ".join(parts)
+
+    def headline(self) -> str:
+        """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).
+
+        The verdict is ``ok``, ``UNVERIFIED``, ``INCOMPLETE`` or ``DIVERGED``.
+        """
+        counts = ", ".join(f"{v} {k}" for k, v in self.counts().items() if v or k == "loaded")
+        verdict = self.verdict
+        return f"graft {verdict.value if self.ok else verdict.value.upper()}: {counts}"
+
+    def __str__(self) -> str:
+        head = self.headline()
+        if self.max_abs_diff is not None:
+            head += f"; max |output difference| = {self.max_abs_diff:.3g}"
+            head += f" (compared with {self.verified_with})" if self.verified_with else ""
+        tail = [f"  assumed   {a.describe()}" for a in self.assumptions]
+        tail += [f"  settled   {s}" for s in self.settled] + [
+            f"  warning   {w}" for w in self.warnings]
+        if self.settle():
+            tail.insert(0, f"  settle    {self.settle()}")
+        if self.divergence:
+            tail.insert(0, f"  diverged  {self.divergence}")
+        return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines()), *tail])
+
+
+class GraftError(TorchgraftError):
+    """A strict graft left keys missing, unused, re-initialised or guessed.
+
+    Args:
+        report: The full report.
+    """
+
+    def __init__(self, report: GraftReport) -> None:
+        self.report = report
+        problems = [report.reasons[k] if f"'{k}'" in report.reasons[k]
+                    else f"'{k}': {report.reasons[k]}"
+                    for k in report.missing if not is_bookkeeping(k)]
+        problems += [f"'{k}' in the checkpoint is not used: {report.reasons[k]}"
+                     for k in report.unused if not is_bookkeeping(k) and k not in report.missing
+                     and not report.reasons[k].endswith(REINITIALISED)]
+        problems += [f"'{k}' re-initialised: {v}" for k, v in report.reinitialised.items()]
+        problems += [f"'{k}' is a guess: {g.describe()}" for k, g in report.guesses.items()]
+        problems += [f"assumed the {a.describe()}" for a in report.assumptions]
+        if report.divergence:
+            problems.insert(0, report.divergence)
+        shown = "; ".join(problems[:3])
+        more = f" (and {len(problems) - 3} more; see .report)" if len(problems) > 3 else ""
+        super().__init__(f"strict graft failed: {shown}{more}")

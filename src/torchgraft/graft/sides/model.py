@@ -1,0 +1,270 @@
+"""Both sides of a graft, described by metadata: tensor names, shapes, module kinds, order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...errors import TorchgraftError
+from ..tensors import Side, TensorInfo
+from .heads import head_counts_of
+
+__all__ = ["MODULE_KINDS", "call_order", "module_side", "module_tensors", "quantized_modules",
+           "run_model", "state_tensors", "tied_keys", "unwrap"]
+
+# Module class names to the kind used for layouts and structural matching.
+MODULE_KINDS = {
+    "Linear": "linear", "LazyLinear": "linear", "NonDynamicallyQuantizableLinear": "linear",
+    "Conv1d": "conv", "Conv2d": "conv", "Conv3d": "conv",
+    "ConvTranspose1d": "conv_transpose", "ConvTranspose2d": "conv_transpose",
+    "ConvTranspose3d": "conv_transpose",
+    "BatchNorm1d": "norm", "BatchNorm2d": "norm", "BatchNorm3d": "norm", "SyncBatchNorm": "norm",
+    "LayerNorm": "norm", "GroupNorm": "norm", "RMSNorm": "norm", "InstanceNorm2d": "norm",
+    "Embedding": "embedding",
+    "Conv1D": "gpt2_conv1d",  # transformers.pytorch_utils.Conv1D: a Linear stored [in, out]
+}
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """Strip DataParallel, DistributedDataParallel and torch.compile wrappers, nested too.
+
+    Args:
+        model: A module, possibly wrapped.
+
+    Returns:
+        The innermost module.
+    """
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(inner := getattr(model, "_orig_mod", None), nn.Module):
+            model = inner
+        else:
+            return model
+
+
+def state_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A module's state-dict tensors (``keep_vars``), named as a checkpoint of it names them.
+
+    Entries that are not tensors (``_extra_state`` objects, a quantized module's dtype) are
+    left out; a quantized module's packed ``(weight, bias)`` tuple gives ``....0`` and
+    ``....1``, as torchgraft reads it from a file.
+
+    Args:
+        model: The module.
+
+    Returns:
+        Key to tensor, in state_dict order.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+        elif isinstance(value, tuple):
+            out.update((f"{name}.{i}", v) for i, v in enumerate(value)
+                       if isinstance(v, torch.Tensor))
+    return out
+
+
+def quantized_modules(model: nn.Module,
+                      tensors: dict[str, torch.Tensor] | None = None) -> dict[str, str]:
+    """The modules whose weights are quantized: path to class name.
+
+    Args:
+        model: The module.
+        tensors: Its :func:`state_tensors`, if already known.
+
+    Returns:
+        Module path to the class's qualified name.
+    """
+    found = {}
+    for key, tensor in (state_tensors(model) if tensors is None else tensors).items():
+        if tensor.is_quantized:
+            path = key.partition("._packed_params.")[0] if "._packed_params." in key \
+                else key.rpartition(".")[0]
+            cls = type(model.get_submodule(path))
+            found[path] = f"{cls.__module__}.{cls.__qualname__}"
+    return found
+
+
+def module_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, TensorInfo]:
+    """Describe a module's state-dict tensors with their module kinds.
+
+    Args:
+        model: An unwrapped module.
+        tensors: Its :func:`state_tensors`.
+
+    Returns:
+        Key to info, in state_dict order.
+    """
+    return _described(model, tensors)[0]
+
+
+def _class_name(cls: type[nn.Module]) -> str:
+    """The class's name, seeing through FSDP2's subclass (``FSDPLinear``: ``Linear``)."""
+    name = _CLASS_NAMES.get(cls)
+    if name is None:
+        name = _CLASS_NAMES[cls] = next(
+            (base.__name__ for base in cls.__mro__
+             if not base.__module__.startswith("torch.distributed.fsdp")), cls.__name__)
+    return name
+
+
+_CLASS_NAMES: dict[type[nn.Module], str] = {}
+
+
+def _attribute(module: nn.Module, name: str) -> Any:
+    """An attribute set on the module or its class, else ``None``.
+
+    ``getattr(module, name, None)`` costs an ``AttributeError`` raised by ``nn.Module``'s
+    ``__getattr__`` for each module without it: seconds on models of 100k modules.
+    """
+    if name in module.__dict__:
+        return module.__dict__[name]
+    return getattr(module, name) if hasattr(type(module), name) else None
+
+
+#: Module class to whether it has a ``head_dim`` or ``head_size`` of its own (asked once).
+_HEADS_CLASSES: dict[type, bool] = {}
+
+
+def _heads_class(cls: type) -> bool:
+    """Whether a module class has ``head_dim`` or ``head_size`` (an attribute, a property)."""
+    found = _HEADS_CLASSES.get(cls)
+    if found is None:
+        found = _HEADS_CLASSES[cls] = hasattr(cls, "head_dim") or hasattr(cls, "head_size")
+    return found
+
+
+@dataclass
+class _Heads:
+    """What attention modules say of their heads: sizes and counts, by module path."""
+
+    dims: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def add(self, path: str, module: nn.Module) -> None:
+        own = module.__dict__
+        if "head_dim" not in own and "head_size" not in own and not _heads_class(type(module)):
+            return  # most modules: nothing to ask
+        head_dim = _attribute(module, "head_dim")
+        if head_dim is None:
+            head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention
+        if isinstance(head_dim, int):
+            self.dims[path] = head_dim
+            counts = head_counts_of(module)  # attention modules only: few
+            if counts is not None:
+                self.counts[path] = counts
+
+
+def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
+               modules: Sequence[tuple[str, nn.Module]] | None = None,
+               ) -> tuple[dict[str, TensorInfo], _Heads]:
+    """Infos with module kinds, and attention heads, from one walk of the modules."""
+    kinds: dict[str, str] = {}
+    heads = _Heads()
+    for path, module in model.named_modules() if modules is None else modules:
+        kind = MODULE_KINDS.get(_class_name(type(module)))
+        if kind is not None:
+            for name in (*module._parameters, *module._buffers):
+                kinds[f"{path}.{name}" if path else name] = kind
+        heads.add(path, module)
+    return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
+            for name, t in tensors.items()}, heads
+
+
+def run_model(model: nn.Module, example_inputs: Any) -> Any:
+    """Run a user's model on example inputs (a tuple, or a lone tensor) without gradients.
+
+    Args:
+        model: The model.
+        example_inputs: Positional inputs.
+
+    Returns:
+        What the model returned.
+
+    Raises:
+        TorchgraftError: If the model fails on these inputs.
+    """
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    try:
+        with torch.no_grad():
+            return model(*args)
+    except Exception as exc:
+        raise TorchgraftError(f"{type(model).__name__} failed on the example inputs: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
+def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> list[str]:
+    """Order state-dict keys by when their module is first called on ``example_inputs``.
+
+    Args:
+        model: An unwrapped module.
+        example_inputs: Positional inputs (a tuple, or a lone tensor).
+        names: The module's state-dict keys, in definition order.
+
+    Returns:
+        The keys, modules called earlier first; keys of modules never called keep their
+        definition order at the end.
+    """
+    paths = {module: path for path, module in model.named_modules(remove_duplicate=False)}
+    first_call: dict[str, int] = {}
+
+    def hook(module: nn.Module, _args: Any) -> None:
+        first_call.setdefault(paths.get(module, ""), len(first_call))
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
+    try:
+        run_model(model, example_inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    end = len(first_call)
+    position = {name: (first_call.get(name.rpartition(".")[0], end), i)
+                for i, name in enumerate(names)}
+    return sorted(names, key=position.__getitem__)
+
+
+def tied_keys(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Map each key holding the very same tensor object as an earlier key to that key.
+
+    Args:
+        tensors: A ``state_dict(keep_vars=True)``.
+
+    Returns:
+        Later key to first key, for tied tensors only.
+    """
+    first: dict[int, str] = {}
+    ties: dict[str, str] = {}
+    for name, tensor in tensors.items():
+        owner = first.setdefault(id(tensor), name)
+        if owner != name:
+            ties[name] = owner
+    return ties
+
+
+def module_side(model: nn.Module, example_inputs: Any = None, *,
+                tensors: dict[str, torch.Tensor] | None = None,
+                modules: Sequence[tuple[str, nn.Module]] | None = None) -> Side:
+    """Describe an unwrapped module as a graft side.
+
+    Args:
+        model: The module.
+        example_inputs: If given, tensors are ordered by use on these inputs; else by
+            definition.
+        tensors: Its :func:`state_tensors`, if already known.
+        modules: Its ``named_modules()``, if already walked.
+
+    Returns:
+        Its tensors with their module kinds, in order of use, its ties and head sizes.
+    """
+    tensors = state_tensors(model) if tensors is None else tensors
+    infos, heads = _described(model, tensors, modules)
+    order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
+        else list(infos)
+    return Side(infos, order, ties=tied_keys(tensors), head_dims=heads.dims,
+                head_counts=heads.counts)

@@ -1,0 +1,136 @@
+"""Unit-offset norms: Gemma's ``x * (1 + weight)`` <-> a plain RMSNorm's ``x * weight``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_model
+from torch import nn
+
+import torchgraft as tg
+from torchgraft.graft.evidence import Evidence, Verdict
+from torchgraft.graft.layouts import norms
+
+SIZES = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8,
+         "max_position_embeddings": 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}
+NORMS = ["model.norm.weight", *(f"model.layers.{n}.{name}.weight" for n in range(2)
+                                for name in ("input_layernorm", "post_attention_layernorm"))]
+
+
+class HandWrittenRMSNorm(nn.Module):
+    """A plain RMSNorm of a hand-written model: a class no table knows."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(width)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+def _gemma() -> nn.Module:
+    """transformers' Gemma, its norm weights drawn (they are zeros at initialisation)."""
+    model = transformers.GemmaForCausalLM(transformers.GemmaConfig(**SIZES)).eval()
+    with torch.no_grad():
+        for key in NORMS:
+            model.get_parameter(key).normal_()
+    return model
+
+
+def _plain(norm: type[nn.Module] = nn.RMSNorm) -> nn.Module:
+    """Gemma's own code with every norm a plain RMSNorm (``x * weight``): Llama's kind."""
+    model = _gemma()
+    for path, module in list(model.named_modules()):
+        if type(module).__name__ == "GemmaRMSNorm":
+            parent, _, leaf = path.rpartition(".")
+            model.get_submodule(parent).register_module(leaf, norm(32, module.eps))
+    return model
+
+
+@pytest.fixture
+def ids() -> torch.Tensor:
+    return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("way", ["gemma->plain", "plain->gemma"])
+def test_unit_offset_added_or_removed_by_the_norm_classes(way: str, ids: torch.Tensor) -> None:
+    torch.manual_seed(0)
+    gemma, plain = _gemma(), _plain()
+    source, target = (gemma, plain) if way == "gemma->plain" else (plain, gemma)
+    expected = _logits(source, ids)
+    report = tg.graft(source, target)
+    assert report.verdict is Verdict.OK and not report.guesses
+    assert set(report.adapted) == set(NORMS)
+    added = way == "gemma->plain"
+    assert report.adapted["model.norm.weight"].startswith(
+        f"unit offset: 1 {'added to' if added else 'taken from'} the norm's weight")
+    assert torch.equal(plain.model.norm.weight, gemma.model.norm.weight + 1)
+    assert torch.equal(_logits(target, ids), expected)
+    verified = tg.graft(source, target, example_inputs=ids)
+    assert verified.verdict is Verdict.OK and verified.max_abs_diff == 0
+
+
+def test_a_norm_class_no_table_knows_beside_a_unit_offset_norm_is_a_guess(
+        ids: torch.Tensor) -> None:
+    """The offset is added, as a hand-written norm is most likely plain, but never said ok
+    until outputs are compared."""
+    torch.manual_seed(1)
+    gemma, plain = _gemma(), _plain(HandWrittenRMSNorm)
+    report = tg.graft(gemma, plain)
+    assert report.verdict is Verdict.UNVERIFIED and set(report.guesses) == set(NORMS)
+    assert "does not tell" in report.guesses["model.norm.weight"].why
+    assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
+    settled = tg.graft(gemma, _plain(HandWrittenRMSNorm), example_inputs=ids)
+    assert settled.verdict is Verdict.OK
+    assert settled.evidence["model.norm.weight"] is Evidence.VERIFIED
+
+
+def test_a_table_saying_nothing_of_gemma_is_caught_by_outputs(
+        monkeypatch: pytest.MonkeyPatch, ids: torch.Tensor) -> None:
+    """The broken twin: with no entry for Gemma's norms, the offset is skipped; compared
+    outputs then say diverged, never ok."""
+    monkeypatch.setattr(norms, "UNIT_OFFSET", frozenset())
+    torch.manual_seed(2)
+    report = tg.graft(_gemma(), _plain(), example_inputs=ids)
+    assert report.verdict is Verdict.DIVERGED and not report.ok
+    assert not report.adapted
+
+
+def test_a_gemma_folder_into_a_plain_model_diverges(tmp_path: Path) -> None:
+    """A file does not say its norms' offset; its folder's config builds Gemma, and the plain
+    model's outputs are compared against it: diverged, never ok."""
+    torch.manual_seed(3)
+    _gemma().save_pretrained(tmp_path / "gemma")
+    report = tg.graft(tmp_path / "gemma", _plain())
+    assert report.verdict is Verdict.DIVERGED and not report.ok
+
+
+def test_the_offset_is_added_in_the_wider_dtype() -> None:
+    """A bfloat16 ``gamma - 1`` into a float32 plain norm: + 1 in float32, no bfloat16 rounding."""
+    torch.manual_seed(4)
+    gemma, plain = _gemma().to(torch.bfloat16), _plain()
+    report = tg.graft(gemma, plain)
+    assert report.verdict is Verdict.OK
+    assert torch.equal(plain.model.norm.weight, gemma.model.norm.weight.float() + 1)
+    assert not torch.equal(plain.model.norm.weight, (gemma.model.norm.weight + 1).float())
+
+
+def test_a_source_model_says_the_norm_classes_of_a_bare_file(tmp_path: Path,
+                                                             ids: torch.Tensor) -> None:
+    torch.manual_seed(5)
+    gemma, plain = _gemma(), _plain()
+    save_model(gemma, str(tmp_path / "gemma.safetensors"))
+    report = tg.graft(tmp_path / "gemma.safetensors", plain, source_model=_gemma(),
+                      example_inputs=ids)
+    assert report.verdict is Verdict.OK and report.verified_with.startswith("source_model=")
+    assert set(report.adapted) == set(NORMS)
+    assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
