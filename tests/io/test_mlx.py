@@ -214,3 +214,15 @@ def test_save_weights_convolutions_are_permuted_from_channels_last(name: str) ->
 
 def test_another_width_is_never_ok() -> None:
     assert not tg.graft(FIXTURES / "cnn.safetensors", MlxCNN(width=8), strict=False).ok
+
+
+def test_a_channels_last_graft_is_compared_with_its_source_model() -> None:
+    """Permuted axes are a layout, decided from the plan's operations: with ``source_model=``
+    the graft is compared under ``verify="auto"`` (a cast is not, its twin)."""
+    compared = tg.graft(FIXTURES / "cnn.safetensors", MlxCNN().eval(), source_model=MlxCNN,
+                        example_inputs=torch.randn(1, 8, 8, 3))
+    assert compared.ok and compared.verified_with and compared.max_abs_diff is not None
+    narrowed = MlxCNN().half().eval()
+    cast = tg.graft(FIXTURES / "cnn.safetensors", narrowed, source_model=MlxCNN,
+                    example_inputs=torch.randn(1, 8, 8, 3).half())
+    assert cast.max_abs_diff is None and cast.verified_with is None
