@@ -35,6 +35,7 @@ CASES = [
     (ops.Reshape((6, 4)), [_t(6, 4, 1, 1)]),
     (ops.Offset(1.0), [_t(5)]),
     (ops.Reverse(0, 2), [_t(6, 3)]),
+    (ops.WeightNormSplit(0, (6, 1, 1)), [_t(6, 4, 3)]),
     (ops.Chain((ops.Concatenate(0), ops.Transpose(0, 1))), [_t(2, 3), _t(4, 3)]),
 ]
 
@@ -47,7 +48,7 @@ def test_inverse_gives_the_inputs_back(op: ops.TensorOp, inputs: list[torch.Tens
     back = op.inverse(shapes).apply(out)
     assert len(back) == len(inputs)
     for got, want in zip(back, inputs, strict=True):
-        exact = not isinstance(op, ops.Offset)  # (w + 1) - 1 rounds
+        exact = not isinstance(op, (ops.Offset, ops.WeightNormSplit))  # (w + 1) - 1 rounds
         assert torch.equal(got, want) if exact else torch.allclose(got, want, atol=1e-6)
     assert op.describe()
     assert type(op) in ops.KINDS.values()
@@ -61,6 +62,23 @@ def test_rotary_rows_are_the_transformers_conversion_permute() -> None:
     assert torch.equal(ops.RotaryRows(dim1 // heads, to_halves=True).apply([w])[0], theirs)
     wrong = ops.RotaryRows(dim1, to_halves=True).apply([w])[0]  # another head count
     assert not torch.equal(wrong, theirs)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_weight_norm_is_torchs_and_its_split_gives_the_same_weight(dim: int) -> None:
+    """The fold computes what ``torch.nn.utils.parametrizations.weight_norm`` computes; its
+    inverse gives a magnitude and direction that fold back to the same weight (``g = ||w||``,
+    not the trained ``g``: another parametrization of one weight)."""
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3),
+                                                       dim=None if dim == -1 else dim)
+    g = conv.parametrizations.weight.original0.detach()
+    v = conv.parametrizations.weight.original1.detach() * 3  # ||v|| != g
+    op = ops.WeightNorm(dim)
+    [folded] = op.apply([g, v])
+    assert torch.allclose(folded, torch._weight_norm(v, g, dim), atol=1e-6)
+    g2, v2 = op.inverse([tuple(g.shape), tuple(v.shape)]).apply([folded])
+    assert g2.shape == g.shape and not torch.allclose(v2, v)  # the weight, not the trained v
+    assert torch.allclose(op.apply([g2, v2])[0], folded, atol=1e-6)
 
 
 def test_interleave_is_gpt_neox_query_key_value() -> None:
@@ -87,6 +105,9 @@ def test_interleave_is_gpt_neox_query_key_value() -> None:
     (ops.Reshape((5,)), [(2, 3)]),
     (ops.Offset(1.0), [(2,), (2,)]),
     (ops.Reverse(0, 2), [(5, 3)]),
+    (ops.WeightNorm(0), [(6, 1, 1)]),
+    (ops.WeightNorm(0), [(1, 6, 1), (6, 4, 3)]),
+    (ops.WeightNormSplit(1, (6, 1, 1)), [(6, 4, 3)]),
 ])
 def test_shapes_that_do_not_fit_are_refused(op: ops.TensorOp,
                                             shapes: list[tuple[int, ...]]) -> None:

@@ -8,6 +8,7 @@ names or module types say they were written differently.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable
 
@@ -21,7 +22,8 @@ from .layout import Layout
 
 __all__ = ["BARE_PROJECTIONS", "CLIP_HF_TO_OPENAI", "CLIP_OPENAI_TO_HF", "CONV_1X1",
            "GPT2_CONV1D", "LAYOUTS", "LLAMA_HF_TO_META", "LLAMA_META_TO_HF", "PADDLE", "ROTARY",
-           "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "VIT_HF_TO_TIMM",
+           "PEFT_ADAPTER", "QUANTIZED_PACKED", "SENTENCE_TRANSFORMERS", "UNIT_DIMS",
+           "VIT_HF_TO_TIMM",
            "family_of", "layouts_for", "mark_file_kinds", "rotary_warning"]
 
 
@@ -346,9 +348,38 @@ name, the model's state dict has it (``lora_A.default.weight``)."""
 
 SENTENCE_TRANSFORMERS = tuple(_sentence_transformers(a) for a in ("model", "auto_model"))
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def _unit_dims(src: TensorInfo, dst: TensorInfo) -> bool:
+    """The two shapes differ only by dimensions of size 1 (a bias stored ``[1, n]``).
+
+    Modules of two known kinds that differ (a norm's and an embedding's) are no such pair.
+    """
+    return (src.shape != dst.shape and _squeezed(src.shape) == _squeezed(dst.shape)
+            and math.prod(src.shape) == math.prod(dst.shape)
+            and (src.kind is None or dst.kind is None or src.kind == dst.kind))
+
+
+def _has_unit_dims(side: Side) -> bool:
+    return any(1 in info.shape for info in side.tensors.values() if len(info.shape) > 1)
+
+
+#: Any tensor stored with dimensions of size 1 added or removed: the same values in the same
+#: order (TF's GPT-2 keeps a bias as ``[1, n]``). Shapes alone decide it; after the named
+#: layouts, so a 1x1 convolution is still said to be a Linear.
+UNIT_DIMS = Layout(
+    name="unit-dimensions",
+    applies=lambda src, dst: _has_unit_dims(src) or _has_unit_dims(dst),
+    reshaped=_unit_dims,
+    why="the same values with dimensions of size 1 added or removed",
+    across=False,
+)
+
 LAYOUTS = (PADDLE, GPT2_CONV1D, CONV_1X1, LLAMA_HF_TO_META, LLAMA_META_TO_HF, *ROTARY,
            CLIP_HF_TO_OPENAI, CLIP_OPENAI_TO_HF, BARE_PROJECTIONS, VIT_HF_TO_TIMM,
-           QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS)
+           QUANTIZED_PACKED, PEFT_ADAPTER, *SENTENCE_TRANSFORMERS, UNIT_DIMS)
 
 
 def layouts_for(source: Side, target: Side) -> list[Layout]:

@@ -16,14 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ...meta import TensorRef
-from ..evidence import Guess
 from ..tensors import Side, TensorInfo
 from .bare import module_and_leaf
 from .catalogue import family_of
 from .glu import GLU_ORDERS, PARTS_REORDERED
 from .ops import Concatenate, Deinterleave, Interleave, Split, TensorOp, lazy
+from .virtual import Virtual
 
-__all__ = ["FUSIONS", "Fusion", "Virtual", "add_virtual", "head_dim_of"]
+__all__ = ["FUSIONS", "Fusion", "add_virtual", "head_dim_of"]
 
 
 @dataclass(frozen=True)
@@ -55,36 +55,6 @@ FUSIONS = (
            per_head=frozenset({"query_key_value"}), attention=True),
     *(Fusion(order.names, order.parts, doubt=order.doubt) for order in GLU_ORDERS),
 )
-
-
-@dataclass(frozen=True)
-class Virtual:
-    """A source tensor made from others.
-
-    Attributes:
-        name: Its key, e.g. ``attention.{query,key,value}.weight``.
-        parts: The source keys it is made from.
-        why: For the report, e.g. ``fused from query, key, value``.
-        doubt: Why its layout is a guess (the head count came from the model alone), if so.
-        op: The operation that makes it from its parts (:mod:`~torchgraft.graft.layouts.ops`).
-        index: Which of the operation's outputs it is.
-        alternatives: What else it could be, when its layout is a guess.
-    """
-
-    name: str
-    parts: tuple[str, ...]
-    why: str
-    doubt: str | None = None
-    op: TensorOp | None = None
-    index: int = 0
-    alternatives: tuple[str, ...] = ()
-
-    def guess(self) -> Guess | None:
-        """The guess a key it fills is, when its layout is one."""
-        if self.doubt is None:
-            return None
-        return Guess(self.alternatives or (f"{self.name} read with another head count",),
-                     self.doubt)
 
 
 def _modules(side: Side) -> dict[str, dict[str, TensorInfo]]:

@@ -36,9 +36,9 @@ __all__ = ["Derivation", "OpRule", "apply_op_rules", "op_rule"]
 #: Kinds a rule may name (a chain is several rules in order).
 _KINDS = {kind: cls for kind, cls in ops.KINDS.items() if kind != "chain"}
 #: Kinds that take several inputs and give one output.
-_MANY_TO_ONE = frozenset({"concatenate", "interleave", "stack"})
+_MANY_TO_ONE = frozenset({"concatenate", "interleave", "stack", "weight_norm"})
 #: Kinds that take one input and give several outputs.
-_ONE_TO_MANY = frozenset({"split", "deinterleave", "unstack"})
+_ONE_TO_MANY = frozenset({"split", "deinterleave", "unstack", "weight_norm_split"})
 #: Fields of a rule that are not the operation's.
 _RULE_FIELDS = ("op", "from", "to")
 

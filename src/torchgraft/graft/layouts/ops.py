@@ -27,7 +27,7 @@ from ...meta import TensorMeta, TensorRef
 
 __all__ = ["KINDS", "Chain", "Concatenate", "Deinterleave", "Interleave", "Offset", "Permute",
            "Reshape", "Reverse", "RotaryRows", "Shape", "Split", "Stack", "TensorOp", "Transpose",
-           "Unstack", "lazy"]
+           "Unstack", "WeightNorm", "WeightNormSplit", "lazy"]
 
 Shape = tuple[int, ...]
 
@@ -534,6 +534,106 @@ class Offset:
         return f"unit offset: {abs(self.delta):g} {way} the norm's weight"
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """A floating tensor in float32 at least (a norm in bfloat16 rounds)."""
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+
+def _norm_dims(rank: int, dim: int) -> list[int]:
+    """The dimensions a weight normalisation's norm runs over: all but ``dim`` (-1: all)."""
+    return list(range(rank)) if dim == -1 else [d for d in range(rank) if d != dim % rank]
+
+
+def _magnitude_shape(shape: Shape, dim: int) -> Shape:
+    """The shape torch stores a weight normalisation's magnitude ``g`` with."""
+    if dim == -1:
+        return ()
+    keep = dim % len(shape)
+    return tuple(n if d == keep else 1 for d, n in enumerate(shape))
+
+
+@dataclass(frozen=True)
+class WeightNorm:
+    """A weight from torch's weight normalisation: ``w = g * v / ||v||`` (inputs ``g``, ``v``).
+
+    The norm runs over every dimension but ``dim`` (``-1``: over all of them, ``g`` a
+    scalar), as ``torch.nn.utils.weight_norm`` and its parametrization compute it. Inverse:
+    :class:`WeightNormSplit`, which gives back a magnitude and direction of the same weight
+    (``g = ||w||``, ``v = w``): the same weight, the parametrization any trained one has
+    after a step of its optimiser aside.
+    """
+
+    dim: int = 0
+
+    def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The weight, computed in at least float32, in the direction's dtype."""
+        g, v = (_wide(t) for t in tensors)
+        norm = v.norm(2, dim=_norm_dims(v.dim(), self.dim), keepdim=self.dim != -1)
+        return [(v * (g / norm)).to(tensors[1].dtype)]
+
+    def shapes(self, shapes: Sequence[Shape]) -> list[Shape]:
+        """The direction's shape."""
+        if len(shapes) != 2 or not shapes[1]:
+            raise _misfit(self, shapes, "it takes a magnitude and a direction")
+        g, v = (tuple(s) for s in shapes)
+        if self.dim != -1:
+            _axis(self.dim, len(v), self, shapes)
+        if g != _magnitude_shape(v, self.dim) and not (self.dim == -1 and g in ((), (1,))):
+            raise _misfit(self, shapes, f"a magnitude of the direction's dim {self.dim} is "
+                                        f"{_magnitude_shape(v, self.dim)}")
+        return [v]
+
+    def inverse(self, shapes: Sequence[Shape]) -> TensorOp:
+        """Split the weight into a magnitude of the given shape and a direction."""
+        self.shapes(shapes)
+        return WeightNormSplit(self.dim, tuple(shapes[0]))
+
+    def describe(self) -> str:
+        """Text for reports."""
+        return f"fold a weight normalisation (norm over all dims but {self.dim})"
+
+    def done(self) -> str:
+        """Text for reports: what was done to a tensor."""
+        return "weight normalisation folded (g * v / ||v||)"
+
+
+@dataclass(frozen=True)
+class WeightNormSplit:
+    """A weight as torch's weight normalisation stores it: ``g = ||w||`` (shape ``g``), ``v = w``.
+
+    ``g`` is the norm over every dimension but ``dim`` (``-1``: all), kept as ``magnitude``
+    (torch's shape for it). Inverse: :class:`WeightNorm`.
+    """
+
+    dim: int = 0
+    magnitude: Shape = ()
+
+    def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The magnitude (its norm computed in at least float32) and the direction."""
+        w = tensors[0]
+        g = _wide(w).norm(2, dim=_norm_dims(w.dim(), self.dim), keepdim=self.dim != -1)
+        return [g.reshape(self.magnitude).to(w.dtype), w]
+
+    def shapes(self, shapes: Sequence[Shape]) -> list[Shape]:
+        """The magnitude's shape and the weight's."""
+        shape = _one(self, shapes)
+        WeightNorm(self.dim).shapes([self.magnitude, shape])
+        return [tuple(self.magnitude), shape]
+
+    def inverse(self, shapes: Sequence[Shape]) -> TensorOp:
+        """Fold them again."""
+        self.shapes(shapes)
+        return WeightNorm(self.dim)
+
+    def describe(self) -> str:
+        """Text for reports."""
+        return f"split into a weight normalisation's magnitude and direction (dim {self.dim})"
+
+    def done(self) -> str:
+        """Text for reports: what was done to a tensor."""
+        return "split into a weight normalisation's g = ||w|| and v = w"
+
+
 @dataclass(frozen=True)
 class Chain:
     """Operations applied one after the other, each to what the one before gave."""
@@ -577,7 +677,8 @@ KINDS: dict[str, type] = {
     "concatenate": Concatenate, "split": Split, "interleave": Interleave,
     "deinterleave": Deinterleave, "transpose": Transpose, "permute": Permute,
     "rotary": RotaryRows, "stack": Stack, "unstack": Unstack, "reshape": Reshape,
-    "offset": Offset, "reverse": Reverse, "chain": Chain,
+    "offset": Offset, "reverse": Reverse, "weight_norm": WeightNorm,
+    "weight_norm_split": WeightNormSplit, "chain": Chain,
 }
 
 

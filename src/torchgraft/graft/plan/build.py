@@ -35,12 +35,14 @@ from ...renames import Rule
 from ..evidence import Guess
 from ..layouts.catalogue import layouts_for
 from ..layouts.experts import ExpertTensors, add_experts, expert_layouts
-from ..layouts.fusion import Virtual, add_virtual
+from ..layouts.fusion import add_virtual
 from ..layouts.glu import on_both
 from ..layouts.layout import Layout
 from ..layouts.norms import NormOffsets
 from ..layouts.op_rules import Derivation, apply_op_rules
+from ..layouts.reparam import add_reparametrised
 from ..layouts.rules import RulesSpec, read_rules
+from ..layouts.virtual import Virtual
 from ..sides.adapters import modules_to_save_layout
 from ..sides.heads import Described
 from ..sides.source import GraftSource
@@ -165,10 +167,11 @@ def plan_graft(opened: GraftSource, target: Side, *, rules: RulesSpec = None,
     parsed = read_rules(rules)
     refs = dict(opened.refs)  # made and virtual tensors are added to this copy
     ruled, made = apply_op_rules(parsed.ops, opened.side, refs)
+    ruled, reparametrised = add_reparametrised(ruled, refs, target)
     source, virtual = add_virtual(ruled, refs, target)
     experts = add_experts(source, refs, target)
     source = experts.side
-    derived = {v.name: v.why for v in virtual} | {
+    derived = {v.name: v.why for v in (*reparametrised, *virtual)} | {
         name: why for name, (_parts, why) in experts.virtual.items()} | {
         name: f"by {d.origin}: {d.op.describe()} of {', '.join(d.inputs)}"
         for d in made for name in d.outputs}
@@ -187,7 +190,7 @@ def plan_graft(opened: GraftSource, target: Side, *, rules: RulesSpec = None,
         raise TorchgraftError(str(exc)) from None
     _explain(plan, experts)
     plan.layout = SourceLayout(dict(opened.side.tensors), dict(opened.side.ties),
-                               (*made, *_derivations(virtual)))
+                               (*made, *_derivations(reparametrised), *_derivations(virtual)))
     return Planned(plan, source, refs)
 
 

@@ -43,7 +43,7 @@ from ..tensors import Side, TensorInfo
 from .adapt import reversible
 from .steps import Match, Plan, is_bookkeeping
 from .structure import align
-from .transforms import Options, decide, fits_for
+from .transforms import Options, decide, fits_for, takes
 
 __all__ = ["PASSES", "PassState", "run_passes"]
 
@@ -122,24 +122,50 @@ def _common_prefixes(targets: list[str], sources: list[str]) -> dict[str, str]:
     """Pair keys that match once one side's extra prefix (``backbone.``...) is removed.
 
     Each dotted suffix of each name is looked up once in the other side's names, so the cost
-    is linear in the names' total length; the prefix shared by most names is tried first.
+    is linear in the names' total length; the prefix shared by most names is tried first. A
+    prefix is a wrapper only of a whole subtree: the keys under it that found a partner are
+    (nearly) all the keys under it, over more than one module, or all of them. One key that
+    loses a prefix and happens to meet another module's name (``a.b.norm`` and ``norm``) is
+    no wrapper.
     """
     groups: dict[tuple[str, str], dict[str, str]] = {}  # (side, prefix) -> {name: rest}
+    under: dict[tuple[str, str], int] = {}  # (side, prefix) -> keys of the side under it
     for side, names, others in (("source", sources, set(targets)),
                                 ("target", targets, set(sources))):
         for name in names:
             for k, char in enumerate(name):
-                if char == "." and name[k + 1:] in others:
-                    groups.setdefault((side, name[:k + 1]), {})[name] = name[k + 1:]
+                if char == ".":
+                    key = (side, name[:k + 1])
+                    under[key] = under.get(key, 0) + 1
+                    if name[k + 1:] in others:
+                        groups.setdefault(key, {})[name] = name[k + 1:]
     pairs: dict[str, str] = {}
     taken: set[str] = set()
-    for (side, _prefix), found in sorted(groups.items(), key=lambda item: -len(item[1])):
+    for key, found in sorted(groups.items(), key=lambda item: -len(item[1])):
+        if not _wraps(found, under[key]):
+            continue
         for name, rest in found.items():
-            target, source = (rest, name) if side == "source" else (name, rest)
+            target, source = (rest, name) if key[0] == "source" else (name, rest)
             if target not in pairs and source not in taken:
                 pairs[target] = source
                 taken.add(source)
     return pairs
+
+
+#: A prefix wraps a subtree with additions when this share of its keys found partners.
+_WRAPPED_SHARE = 0.9
+
+
+def _wraps(found: dict[str, str], under: int) -> bool:
+    """Whether keys that found partners once a prefix is removed make it a wrapper.
+
+    All the keys under the prefix did; or nearly all did, over more than one module (a
+    wrapped backbone with a module of its own added).
+    """
+    if len(found) == under:
+        return True
+    modules = {name.rpartition(".")[0] for name in found}
+    return len(found) >= _WRAPPED_SHARE * under and len(modules) > 1
 
 
 def renames(state: PassState) -> None:
@@ -185,7 +211,10 @@ def prefixes(state: PassState) -> None:
     by_stripped = {stripped_s[state.renamed[s]]: s for s in left_s}
     prefixed = _common_prefixes([stripped_t[t] for t in left_t], list(by_stripped))
     to_target = {stripped_t[t]: t for t in left_t}
-    state.take({to_target[t]: by_stripped[s] for t, s in prefixed.items()}, MatchStep.PREFIX)
+    state.take({to_target[t]: source for t, s in prefixed.items()
+                if takes(state.options, _renamed_info(state.src.tensors[source := by_stripped[s]],
+                                                      state.renamed[source]),
+                         state.dst.tensors[to_target[t]])}, MatchStep.PREFIX)
 
 
 def _renamed_info(info: TensorInfo, name: str) -> TensorInfo:

@@ -29,7 +29,7 @@ from ..tensors import Side, TensorInfo
 from .adapt import Dequantize, Init, InputChannels, LabelMap, Op, Rows, Step, label_pairs
 from .steps import REINITIALISED, Plan, PlanStep
 
-__all__ = ["Options", "decide", "fits_for"]
+__all__ = ["Options", "decide", "fits_for", "takes"]
 
 
 def _relaid(src: TensorInfo, dst: TensorInfo, layouts: Sequence[Layout]) -> Step | None:
@@ -72,6 +72,20 @@ def fits_for(layouts: Sequence[Layout]) -> Callable[[TensorInfo, TensorInfo], bo
             return False
         return (_relaid_shape(relaid, src.shape) if relaid else src.shape) == dst.shape
     return fits
+
+
+def takes(options: Options, src: TensorInfo, dst: TensorInfo) -> bool:
+    """Whether a source tensor paired by a weak name can fill a target tensor, adapted or not.
+
+    A name that only matches once a prefix is removed is a hint: a pair whose shapes neither
+    fit nor adapt (rows of a head or an embedding, a first convolution's input channels) is
+    another module that happens to share a name, not a tensor of another configuration.
+    """
+    relaid = _relaid(src, dst, options.layouts)
+    shape = (_relaid_shape(relaid, src.shape) if relaid else None) or src.shape
+    if shape == dst.shape:
+        return not _kinds_differ(src, dst) or relaid is not None
+    return options.adapt and _adapt(src, dst, shape, options) is not None
 
 
 def _rotary(target: str, dst: Side, layouts: Sequence[Layout]) -> Step | str | None:
