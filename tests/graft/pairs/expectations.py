@@ -50,10 +50,10 @@ UNDECIDABLE: dict[tuple[str, str], str] = {
 _ASSUMED_HEADS = ("a bare state dict of another code base does not state its attention head "
                   "count: the model's is assumed (the heads twin has the same shapes)")
 _ASSUMED_SIBLINGS = ("a file of another code base: which same-shape sibling is which (bn1/bn2, "
-                     "_bn0/_bn1 of a block) is told only by the two code bases' conventions "
-                     "(numbers and roles in names, a norm right after its convolution in stored "
-                     "order): guesses; a timm folder's config names no transformers class, so "
-                     "nothing verifies them")
+                     "_bn0/_bn1 of a block) is told by one family of signals only: names "
+                     "(numbers, roles) in a file stored sorted, or the order alone (a norm right "
+                     "after its convolution) where the names do not say it; two that agree (the "
+                     "numbers and a .pt's stored order) are evidence")
 _ASSUMED_BOTH = f"{_ASSUMED_HEADS}; and {_ASSUMED_SIBLINGS}"
 UNDECIDABLE |= {
     (pair, flavour): _ASSUMED_HEADS
@@ -68,10 +68,10 @@ UNDECIDABLE |= {
     for flavour in ("pt", "safetensors")} | {
     (pair, flavour): _ASSUMED_SIBLINGS
     for pair, flavours in (
-        ("timm ResNet -> transformers ResNet", ("pt", "safetensors", "pretrained")),
-        ("transformers ResNet -> timm ResNet", ("pt", "safetensors")),
+        ("timm ResNet -> transformers ResNet", ("safetensors",)),
+        ("transformers ResNet -> timm ResNet", ("safetensors",)),
         ("efficientnet_pytorch EfficientNet -> transformers EfficientNet", ("pt", "safetensors")),
         ("transformers EfficientNet -> efficientnet_pytorch EfficientNet", ("pt", "safetensors")))
     for flavour in flavours} | {
-    ("timm ViT -> transformers ViT", flavour): _ASSUMED_BOTH
-    for flavour in ("pt", "safetensors", "pretrained")}
+    ("timm ViT -> transformers ViT", "safetensors"): _ASSUMED_BOTH,
+    ("timm ViT -> transformers ViT", "pt"): _ASSUMED_HEADS}

@@ -167,7 +167,9 @@ def graft_case(pair: Pair, flavour: str, folder: Path, *, twin: str | None = Non
 
     A twin breaks the case so that it has no right answer: ``deeper`` (the source has one more
     block), ``heads`` (the target has another head count, same shapes), ``norms`` (two
-    same-shape norms of the source swapped in what is written). Outputs are compared with
+    same-shape norms of the source swapped in what is written; in a file that keeps its order,
+    their places in it swapped too, so that the names say one thing and the order the other:
+    with both agreeing on the swapped values, no file could tell). Outputs are compared with
     the source as built (unbroken), so a twin's outputs never agree.
     """
     source, expected = built(pair.source, deeper=twin == "deeper")
@@ -176,6 +178,8 @@ def graft_case(pair: Pair, flavour: str, folder: Path, *, twin: str | None = Non
         _swap(source, *pair.norms)
     target = pair.target.build(heads=TWIN_HEADS if twin == "heads" else None).eval()
     written = write(pair.source, source, flavour, folder)
+    if twin == "norms" and flavour == "pt":
+        torch.save(_reordered(source.state_dict(), *pair.norms), written)
     inputs = pair.target.inputs(INPUTS)
     if flavour == "module" and inputs is not None and pair.source.inputs(INPUTS) is not None:
         options.setdefault("example_inputs", inputs)
@@ -194,6 +198,19 @@ def built(arch: Arch, *, deeper: bool = False) -> tuple[nn.Module, torch.Tensor]
     torch.manual_seed(0)
     model = randomise(arch.build(deeper=deeper))
     return model, run(arch, model)
+
+
+def _reordered(state: dict[str, torch.Tensor], first: str,
+               second: str) -> dict[str, torch.Tensor]:
+    """The state dict with two modules' keys in each other's places."""
+    keys = list(state)
+    a = [k for k in keys if k.startswith(f"{first}.")]
+    b = [k for k in keys if k.startswith(f"{second}.")]
+    places = {k: i for i, k in enumerate(keys)}
+    order = list(keys)
+    for x, y in zip(a, b, strict=True):
+        order[places[x]], order[places[y]] = y, x
+    return {k: state[k] for k in order}
 
 
 def _swap(model: nn.Module, first: str, second: str) -> None:

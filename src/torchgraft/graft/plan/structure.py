@@ -608,27 +608,55 @@ _PART = re.compile(r"\[\d+\]$")
 def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | None:
     """Why swapping the partners of ``p`` and ``q`` is forbidden, if it is.
 
+    The models' structure rules a swap out (a norm's convolution, the only one of its width
+    under its parent, paired; a fused tensor's part, whose name states its place). Else the
+    signals that single ``p`` out are counted by family: the names (roles, or numbers that
+    both sides' siblings differ by) and the order both sides really store their modules in (a
+    file's, a model's; a norm right after its convolution). Two families that agree, none
+    against, are evidence: :data:`STRUCTURE`. One alone, or one against another, is a
+    convention of code bases: :data:`CONVENTION`.
+
     Returns:
-        :data:`STRUCTURE` or :data:`CONVENTION` (roles, convolutions or order), else ``None``.
+        :data:`STRUCTURE` or :data:`CONVENTION`, else ``None`` (nothing tells them apart).
     """
     own, other = scope.own, scope.other
     (i, k), (i2, k2) = p, q
-    found = None
+    names = order = False
     for (x, y), y2 in ((p, k2), (q, k)):
         if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
             if not ({x} & own.anchored_by_order or {y, y2} & other.anchored_by_order):
                 return STRUCTURE
-            found = CONVENTION
+            order = True
         if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
             if _PART.search(own.paths[x]) or _PART.search(other.paths[y]):
                 return STRUCTURE  # a fused tensor's part: its name states the order
-            found = CONVENTION
+            names = True
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
     numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
-    if not any(numbered) or _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False:
-        return found  # order alone, or against the convolutions, says nothing
-    before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
-    return CONVENTION if before is not None and before == after else found
+    against = _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False
+    if any(numbered) and not against:  # order alone, or against the convolutions, says nothing
+        before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
+        if before is not None and before == after:
+            names = names or all(numbered)
+            order = order or not all(numbered)
+    stored = _stored_order(scope, p, q)
+    if stored is False and (names or order):
+        return CONVENTION  # the names say one thing, the order another
+    if stored and names:
+        return STRUCTURE
+    return CONVENTION if names or order else None
+
+
+def _stored_order(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool | None:
+    """Whether both sides store the two pairs' modules in the same order (``None``: unknown).
+
+    Only where both orders are real: a model's, or a file that keeps its order of definition
+    (a ``.pt``, a ``.pdparams``), never one recovered from sorted names.
+    """
+    if not (scope.own.ordered and scope.other.ordered):
+        return None
+    (i, k), (i2, k2) = p, q
+    return (i < i2) == (k < k2)
 
 
 def _anchored(scope: _Scope, x: int, y: int) -> bool | None:
