@@ -40,15 +40,17 @@ from ..layouts.glu import on_both
 from ..layouts.layout import Layout
 from ..layouts.norms import NormOffsets
 from ..layouts.op_rules import Derivation, apply_op_rules
+from ..layouts.ops import lazy
 from ..layouts.reparam import add_reparametrised
 from ..layouts.rules import RulesSpec, read_rules
 from ..layouts.virtual import Virtual
 from ..sides.adapters import modules_to_save_layout
 from ..sides.heads import Described
 from ..sides.source import GraftSource
-from ..tensors import Side
+from ..tensors import Side, TensorInfo
 from .adapt import Dequantize, Init, LabelMap
-from .passes import PassState, run_passes
+from .passes import run_passes
+from .state import PassState
 from .steps import Match, Plan, SourceLayout
 from .transforms import Options
 
@@ -189,9 +191,27 @@ def plan_graft(opened: GraftSource, target: Side, *, rules: RulesSpec = None,
     except ValueError as exc:
         raise TorchgraftError(str(exc)) from None
     _explain(plan, experts)
+    source = _made_by_planning(plan.inferred, source, refs)
     plan.layout = SourceLayout(dict(opened.side.tensors), dict(opened.side.ties),
-                               (*made, *_derivations(reparametrised), *_derivations(virtual)))
+                               (*made, *_derivations(reparametrised), *_derivations(virtual),
+                                *plan.inferred))
     return Planned(plan, source, refs)
+
+
+def _made_by_planning(inferred: list[Derivation], source: Side,
+                      refs: dict[str, TensorRef]) -> Side:
+    """The lazy tensors of what planning made (fused or split by rows), on the source side."""
+    if not inferred:
+        return source
+    infos = dict(source.tensors)
+    for made in inferred:
+        for name, ref in zip(made.outputs, lazy(made.op, [refs[k] for k in made.inputs]),
+                             strict=True):
+            refs[name] = ref
+            infos[name] = TensorInfo(name, ref.meta.shape, ref.meta.dtype,
+                                     source.tensors[made.inputs[0]].kind)
+    return source.with_tensors(infos, [*source.order, *(n for d in inferred
+                                                         for n in d.outputs)])
 
 
 def _explain(plan: Plan, experts: ExpertTensors) -> None:

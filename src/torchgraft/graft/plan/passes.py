@@ -10,6 +10,8 @@ decides what pairs need:
 4. ``prefixes``: the same name under a prefix one side adds (``backbone.``);
 5. ``structure``: units, roles and shapes (:mod:`~torchgraft.graft.plan.structure`), each pair with
    its evidence (``structure`` or ``guess``);
+5b. ``infer``: in the scopes those pairs align, modules whose rows add up to another's are
+   fused or split (:mod:`~torchgraft.graft.plan.infer`);
 6. ``rotary``: structure pairs of q and k between a rotary family and an unknown one are
    guesses (their row order is not known);
 7. ``ties``: a target tied to another is filled once, through it;
@@ -28,85 +30,25 @@ Verification (outputs compared after the graft) runs in :func:`torchgraft.graft.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 
-from ...renames import Rule, rename
+from ...renames import rename
 from ...wrappers import strip_wrappers
 from ..evidence import SIBLINGS, Assumption, Evidence, Guess, MatchStep, rotary_alternatives
 from ..layouts import ops
 from ..layouts.catalogue import rotary_warning
 from ..layouts.conventions import role_of
-from ..layouts.layout import Layout
-from ..sides.heads import Described, head_assumption, head_size_mismatch
-from ..tensors import Side, TensorInfo
+from ..sides.heads import head_assumption, head_size_mismatch
+from ..tensors import Side
 from .adapt import reversible
+from .infer import infer
+from .state import PassState, renamed_info
 from .steps import Match, Plan, is_bookkeeping
 from .structure import align
-from .transforms import Options, decide, fits_for, takes
+from .transforms import decide, fits_for, takes
 
-__all__ = ["PASSES", "PassState", "run_passes"]
-
-
-@dataclass
-class PassState:
-    """The state the passes share.
-
-    Attributes:
-        src: The source side.
-        dst: The target side.
-        plan: The plan being built.
-        options: What the user allowed and what the target says.
-        rules: The user's rules.
-        match: Which matching steps run.
-        ruled: Source keys made by the user's operation rules.
-        renamed: Source key to its name after rules and layouts (dropped keys absent).
-        how_renamed: Source key to the step its new name came from.
-        pairs: Target key to source key.
-        paired: The sources in ``pairs``, for lookups in constant time.
-        how: Target key to the step that paired it.
-        ambiguous: Target key to why structure could not decide it.
-        described: What both sides state of their models (head counts, a module source).
-        across: Source keys renamed by a layout between two code bases.
-        by_convention: Target keys paired among same-shape siblings by conventions of code
-            bases alone (numbers and roles in names, stored order): guesses for a file's
-            source.
-    """
-
-    src: Side
-    dst: Side
-    plan: Plan
-    options: Options
-    rules: Sequence[Rule] = ()
-    match: Match = "auto"
-    ruled: frozenset[str] = frozenset()
-    renamed: dict[str, str] = field(default_factory=dict)
-    how_renamed: dict[str, MatchStep] = field(default_factory=dict)
-    pairs: dict[str, str] = field(default_factory=dict)
-    paired: set[str] = field(default_factory=set)
-    how: dict[str, MatchStep] = field(default_factory=dict)
-    ambiguous: dict[str, str] = field(default_factory=dict)
-    described: Described = field(default_factory=Described)
-    across: set[str] = field(default_factory=set)
-    by_convention: set[str] = field(default_factory=set)
-
-    @property
-    def layouts(self) -> Sequence[Layout]:
-        """The layouts between the two sides."""
-        return self.options.layouts
-
-    def take(self, found: dict[str, str], step: MatchStep | None) -> None:
-        """Pair what is still free on both sides; ``step`` None: the step of the renames."""
-        for target, source in found.items():
-            if target not in self.pairs and source not in self.paired:
-                self.pairs[target] = source
-                self.paired.add(source)
-                self.how[target] = step or self.how_renamed[source]
-
-    def left(self) -> tuple[list[str], list[str]]:
-        """Target keys and renamed source keys not paired yet."""
-        return ([t for t in self.dst.tensors if t not in self.pairs],
-                [s for s in self.renamed if s not in self.paired])
+__all__ = ["PASSES", "run_passes"]
 
 
 def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
@@ -212,14 +154,9 @@ def prefixes(state: PassState) -> None:
     prefixed = _common_prefixes([stripped_t[t] for t in left_t], list(by_stripped))
     to_target = {stripped_t[t]: t for t in left_t}
     state.take({to_target[t]: source for t, s in prefixed.items()
-                if takes(state.options, _renamed_info(state.src.tensors[source := by_stripped[s]],
+                if takes(state.options, renamed_info(state.src.tensors[source := by_stripped[s]],
                                                       state.renamed[source]),
                          state.dst.tensors[to_target[t]])}, MatchStep.PREFIX)
-
-
-def _renamed_info(info: TensorInfo, name: str) -> TensorInfo:
-    """A source tensor's info under its renamed key (module paths follow renames)."""
-    return TensorInfo(name, info.shape, info.dtype, info.kind) if name != info.name else info
 
 
 def structure(state: PassState) -> None:
@@ -231,7 +168,7 @@ def structure(state: PassState) -> None:
         return  # nothing to align: the source's order (sorted names: a natural sort) not asked
     left_s = [s for s in src.order if s in state.renamed and s not in state.paired]
     back = {state.renamed[s]: s for s in left_s}
-    src_infos = {state.renamed[s]: _renamed_info(src.tensors[s], state.renamed[s])
+    src_infos = {state.renamed[s]: renamed_info(src.tensors[s], state.renamed[s])
                  for s in left_s}
     alignment = align(left_t, list(back), dst.tensors, src_infos, fits_for(state.layouts),
                       is_bookkeeping, source_ordered=src.ordered,
@@ -294,6 +231,8 @@ def ties(state: PassState) -> None:
 
 def transforms(state: PassState) -> None:
     """What each pair needs on the way, or why it cannot be filled."""
+    options = replace(state.options, derived={**state.options.derived, **state.inferred}) \
+        if state.inferred else state.options
     for target in state.dst.tensors:
         source = state.pairs.get(target)
         if source is not None and target not in state.plan.tied:
@@ -303,7 +242,7 @@ def transforms(state: PassState) -> None:
                 state.plan.unused[source] = f"its attention heads do not fit '{target}'"
                 continue
             decide(state.plan, target, source, state.how[target], state.src.tensors[source],
-                   state.options)
+                   options)
 
 
 _TRIED = {"auto": "by name or by structure", "name": "by name", "structure": "by structure"}
@@ -417,6 +356,11 @@ def assumptions(state: PassState) -> None:
             "stored order) told these same-shape modules apart"))
 
 
+def _inferred(state: PassState) -> bool:
+    """Whether ``infer`` made tensors: what they used may leave others one candidate."""
+    return bool(state.inferred)
+
+
 def _when(*matches: Match) -> Callable[[PassState], bool]:
     return lambda state: state.match in matches
 
@@ -428,6 +372,8 @@ PASSES: tuple[tuple[str, Callable[[PassState], None], Callable[[PassState], bool
     ("wrappers", wrappers, _when("auto", "name")),
     ("prefixes", prefixes, _when("auto", "name")),
     ("structure", structure, _when("auto", "structure")),
+    ("infer", infer, _when("auto", "structure")),
+    ("structure", structure, _inferred),
     ("rotary", rotary, _when("auto", "structure")),
     ("ties", ties, _when("auto", "name", "structure")),
     ("transforms", transforms, _when("auto", "name", "structure")),

@@ -98,6 +98,8 @@ class Plan:
             target key whose value they hold (the one the tie was filled through).
         layout: The source's stored layout, to run the plan backwards; ``None`` for a plan
             built without it (:func:`~torchgraft.graft.plan.build.plan_graft` sets it).
+        inferred: Source tensors the planner made from stored ones (fused or split because
+            their rows add up), in the order made; their lazy tensors are made with the plan.
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -112,3 +114,4 @@ class Plan:
     assumptions: list[Assumption] = field(default_factory=list)
     apart: dict[str, str] = field(default_factory=dict)
     layout: SourceLayout | None = None
+    inferred: list[Derivation] = field(default_factory=list)

@@ -619,18 +619,12 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | N
     Returns:
         :data:`STRUCTURE` or :data:`CONVENTION`, else ``None`` (nothing tells them apart).
     """
+    found = _by_roles_and_convolutions(scope, p, q)
+    if found == STRUCTURE:
+        return STRUCTURE
+    names, order = found == _NAMES, found == _ORDER
     own, other = scope.own, scope.other
     (i, k), (i2, k2) = p, q
-    names = order = False
-    for (x, y), y2 in ((p, k2), (q, k)):
-        if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
-            if not ({x} & own.anchored_by_order or {y, y2} & other.anchored_by_order):
-                return STRUCTURE
-            order = True
-        if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
-            if _PART.search(own.paths[x]) or _PART.search(other.paths[y]):
-                return STRUCTURE  # a fused tensor's part: its name states the order
-            names = True
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
     numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
     against = _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False
@@ -645,6 +639,34 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | N
     if stored and names:
         return STRUCTURE
     return CONVENTION if names or order else None
+
+
+#: Which family of signals :func:`_by_roles_and_convolutions` found (both: names).
+_NAMES, _ORDER = "names", "order"
+
+
+def _by_roles_and_convolutions(scope: _Scope, p: tuple[int, int],
+                               q: tuple[int, int]) -> str | None:
+    """What roles and norms' convolutions say against swapping ``p`` and ``q``.
+
+    Returns:
+        :data:`STRUCTURE` (a convolution found under its parent, a fused tensor's part);
+        :data:`_NAMES` (roles agree with ``p`` only); :data:`_ORDER` (a norm right after its
+        convolution, in stored order); else ``None``.
+    """
+    own, other = scope.own, scope.other
+    (_, k), (_, k2) = p, q
+    found = None
+    for (x, y), y2 in ((p, k2), (q, k)):
+        if _anchored(scope, x, y) and _anchored(scope, x, y2) is False:
+            if not ({x} & own.anchored_by_order or {y, y2} & other.anchored_by_order):
+                return STRUCTURE
+            found = found or _ORDER
+        if own.role[x] is not None and own.role[x] == other.role[y] != other.role[y2]:
+            if _PART.search(own.paths[x]) or _PART.search(other.paths[y]):
+                return STRUCTURE  # a fused tensor's part: its name states the order
+            found = _NAMES
+    return found
 
 
 def _stored_order(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> bool | None:
