@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import torchgraft as tg
 from tests.graft.pairs.codebases import hf_llama, randomise
@@ -16,6 +17,7 @@ from torchgraft.graft import build_plan
 from torchgraft.graft.evidence import SIBLINGS, Evidence, Verdict
 from torchgraft.graft.layouts.catalogue import family_of
 from torchgraft.graft.plan.passes import ROTARY_ORDER
+from torchgraft.graft.sides.model import module_side
 
 _BY_NAME = {pair.name: pair for pair in PAIRS}
 
@@ -211,3 +213,36 @@ def test_parallel_residual_blocks_align_block_by_block(name: str, tmp_path: Path
     (tmp_path / "deeper").mkdir()
     twin = graft_case(pair, "module", tmp_path / "deeper", twin="deeper")
     assert twin.verdict != "ok" and not twin.equal
+
+
+def test_a_naming_family_one_module_deeper_is_still_recognised() -> None:
+    """Meta's names with each block's modules one module deeper (a wrapper inside the block):
+    still Meta's family, so q and k rows are reordered into its rotary order (an assumption
+    until outputs are compared, then verified). The twin rotates halves: not ok unverified."""
+    from tests.graft.pairs.codebases import DIM, FFN, HEADS, KV_HEADS, LAYERS, VOCAB
+    from tests.models import MetaLlama
+
+    class Deeper(nn.Module):
+        def __init__(self, block: nn.Module) -> None:
+            super().__init__()
+            self.inner = block
+
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return self.inner(*args)  # type: ignore[no-any-return]
+
+    def model(halves: bool = False) -> MetaLlama:
+        built = MetaLlama(VOCAB, DIM, LAYERS, HEADS, KV_HEADS, FFN, halves=halves)
+        built.layers = nn.ModuleList([Deeper(block) for block in built.layers])
+        return built.eval()
+
+    source = randomise(hf_llama()).eval()
+    tokens = torch.randint(0, VOCAB, (2, 12))
+    assert family_of(module_side(model())) == "meta-llama"
+    blind = model()
+    report = tg.graft(source, blind)
+    assert report.verdict is Verdict.UNVERIFIED
+    assert ROTARY_ORDER in [a.what for a in report.assumptions]
+    with torch.no_grad():
+        assert torch.allclose(blind(tokens), source(tokens).logits, atol=1e-5)
+    twin = model(halves=True)
+    assert not tg.graft(source, twin).ok

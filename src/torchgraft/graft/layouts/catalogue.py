@@ -121,19 +121,24 @@ def mark_file_kinds(side: Side) -> Side:
 
 # Name families: the same architecture written by two code bases, each with a text its
 # pattern cannot match without: one search of all names for that text rules most families out.
+# A block's modules may sit deeper inside it than the family's own code puts them (a wrapper
+# module between the block and its attention): the patterns allow it.
 _FAMILIES = {  # first match wins: transformers' CLIP has Llama's attention names
     "transformers-clip": ("self_attn.q_proj.weight", re.compile(
         r"^(text_model|vision_model)\.encoder\.layers\.\d+\.self_attn\.q_proj\.weight$")),
     "openai-clip": ("attn.in_proj_weight", re.compile(
         r"^(visual\.)?transformer\.resblocks\.\d+\.attn\.in_proj_weight$")),
     "transformers-llama": ("self_attn.q_proj.weight", re.compile(
-        r"(^|\.)layers\.\d+\.self_attn\.q_proj\.weight$")),
-    "meta-llama": (".attention.wq", re.compile(r"(^|\.)layers\.\d+\.attention\.wq(kv)?\.weight$")),
+        r"(^|\.)layers\.\d+\.(?:[^.]+\.)*self_attn\.q_proj\.weight$")),
+    "meta-llama": (".attention.wq", re.compile(
+        r"(^|\.)layers\.\d+\.(?:[^.]+\.)*attention\.wq(kv)?\.weight$")),
     "transformers-vit": ("layernorm_before.weight", re.compile(
         r"^vit\.(encoder\.layer|layers)\.\d+\.layernorm_before\.weight$")),
     "timm-vit": ("attn.qkv.weight", re.compile(r"^blocks\.\d+\.attn\.qkv\.weight$")),
-    "torchtune-qwen2": ("attn.q_proj.bias", re.compile(r"(^|\.)layers\.\d+\.attn\.q_proj\.bias$")),
-    "torchtune-llama": ("sa_norm.scale", re.compile(r"(^|\.)layers\.\d+\.sa_norm\.scale$")),
+    "torchtune-qwen2": ("attn.q_proj.bias", re.compile(
+        r"(^|\.)layers\.\d+\.(?:[^.]+\.)*attn\.q_proj\.bias$")),
+    "torchtune-llama": ("sa_norm.scale", re.compile(
+        r"(^|\.)layers\.\d+\.(?:[^.]+\.)*sa_norm\.scale$")),
 }
 #: Families whose attention uses rotary (RoPE) rows, and the gated MLP that tells them from
 #: other code bases with the same attention names.
