@@ -11,7 +11,9 @@ decides what pairs need:
 5. ``structure``: units, roles and shapes (:mod:`~torchgraft.graft.plan.structure`), each pair with
    its evidence (``structure`` or ``guess``);
 5b. ``infer``: in the scopes those pairs align, modules whose rows add up to another's are
-   fused or split (:mod:`~torchgraft.graft.plan.infer`);
+   fused or split (:mod:`~torchgraft.graft.plan.infer`), then structure again on what is left;
+5c. ``copies``: a value one side keeps once and the other once per block
+   (:mod:`~torchgraft.graft.plan.copies`);
 6. ``rotary``: structure pairs of q and k between a rotary family and an unknown one are
    guesses (their row order is not known);
 7. ``ties``: a target tied to another is filled once, through it;
@@ -42,6 +44,7 @@ from ..layouts.conventions import role_of
 from ..sides.heads import head_assumption, head_size_mismatch
 from ..tensors import Side
 from .adapt import reversible
+from .copies import copies
 from .infer import infer
 from .state import PassState, renamed_info
 from .steps import Match, Plan, is_bookkeeping
@@ -374,6 +377,7 @@ PASSES: tuple[tuple[str, Callable[[PassState], None], Callable[[PassState], bool
     ("structure", structure, _when("auto", "structure")),
     ("infer", infer, _when("auto", "structure")),
     ("structure", structure, _inferred),
+    ("copies", copies, _when("auto", "structure")),
     ("rotary", rotary, _when("auto", "structure")),
     ("ties", ties, _when("auto", "name", "structure")),
     ("transforms", transforms, _when("auto", "name", "structure")),

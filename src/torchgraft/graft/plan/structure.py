@@ -183,9 +183,15 @@ def _in_order(groups: list[_Group]) -> bool:
 
 
 def _covers(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
-    """Whether every module of ``rows`` can take its own module of ``cols``, none left."""
-    if len(rows) != len(cols):
+    """Whether every module of the block with fewer can take its own module of the other's.
+
+    A block may hold a module its partner lacks (a copy of a value the other side keeps once
+    per model, an adapter): the block with fewer modules must place all of them.
+    """
+    if not rows or not cols:
         return False
+    if len(rows) > len(cols):
+        return _covers(match.T, cols, rows)
     owner: dict[int, int] = {}
 
     def place(i: int, seen: set[int]) -> bool:
