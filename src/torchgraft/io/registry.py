@@ -139,7 +139,8 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
             something else (a Git LFS pointer, an HTML page, text), which the message says.
     """
     if not path.exists():
-        path = resolve_repo_id(str(path))  # org/name[@revision] in the Hub cache, or raises
+        # org/name[@revision] in the Hub cache, or raises
+        path = resolve_repo_id(str(path), follow_links=follow_links)
     if path.is_dir():
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):
