@@ -9,6 +9,7 @@ one byte, and stays a view. Plain Python integers are used throughout: no produc
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,11 +17,18 @@ from typing import Any
 
 from .errors import CorruptCheckpointError
 
-__all__ = ["MAX_NDIM", "check_fits", "check_length", "check_shape", "check_view",
-           "view_extent"]
+__all__ = ["MAX_NDIM", "MAX_NESTING", "MAX_RANKS", "check_fits", "check_length",
+           "check_nesting", "check_shape", "check_view", "parse_json", "view_extent"]
 
 #: More dimensions than this is no tensor (torch allows 64... in practice, far fewer).
 MAX_NDIM = 64
+#: How deep any structure decoded from a file may nest: pickled containers and calls, HDF5
+#: groups, msgpack maps and arrays, ONNX subgraphs, JSON. Real checkpoints nest a few dozen
+#: levels at most (a whole pickled model: about three per module level); this bound keeps
+#: every walk of a decoded structure far inside Python's own recursion limit.
+MAX_NESTING = 100
+#: More ranks than this is no checkpoint torchgraft merges or writes.
+MAX_RANKS = 4096
 
 
 def _integer(value: Any) -> bool:
@@ -141,3 +149,53 @@ def check_view(shape: Sequence[int], stride: Sequence[int], offset: int, numel: 
         raise CorruptCheckpointError(
             f"tensor '{what}' of shape {tuple(shape)} reaches element {extent - 1} of a "
             f"storage with {numel}", path=source)
+
+
+def check_nesting(depth: int, *, what: str, path: str | Path | None = None) -> None:
+    """Refuse a structure nested deeper than :data:`MAX_NESTING` (every decoder's one bound).
+
+    Args:
+        depth: How deep the structure is at this point (the top is 0 or 1).
+        what: What nests, for the message (``"HDF5 groups"``).
+        path: The file, for the message.
+
+    Raises:
+        CorruptCheckpointError: If ``depth`` is more than :data:`MAX_NESTING`.
+    """
+    if depth > MAX_NESTING:
+        raise _too_deep(what, path)
+
+
+def _too_deep(what: str, path: str | Path | None) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{what} nest deeper than {MAX_NESTING} levels, which no "
+                                  "checkpoint does: the file is damaged or forged", path=path)
+
+
+def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) -> Any:
+    """Parse JSON from a file, its nesting bounded by :data:`MAX_NESTING`.
+
+    Args:
+        data: The document (already bounded in size by the caller).
+        what: The document, for the message (``"config.json"``).
+        path: The file, for the message.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        CorruptCheckpointError: If it is not UTF-8 JSON, or nests too deeply.
+    """
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise _too_deep(f"{what}'s arrays and objects", path) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CorruptCheckpointError(f"{what} is not JSON ({exc})", path=path) from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            check_nesting(depth, what=f"{what}'s arrays and objects", path=path)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return value
