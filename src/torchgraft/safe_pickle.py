@@ -131,9 +131,14 @@ class TensorFactory(Protocol):
 MAX_GLOBALS = 4096
 #: Arguments kept in the record of a call; the rest are counted (:attr:`PickledObject.dropped`).
 MAX_ARGS = 64
-#: Records of unknown classes a pickle may create: this many, plus one per 256 of its bytes.
-#: Calls past it share one record per global (O(1) each); objects past it are refused.
+#: Records of unknown classes a pickle may create: this many, plus one per
+#: :data:`BYTES_PER_RECORD` of its bytes. Calls past it share one record per global (O(1)
+#: each); objects past it are refused.
 MIN_RECORDS = 16_384
+#: A DCP ``.metadata`` writes three records per chunk in about 120 bytes (a chunk's offsets
+#: and sizes, its index, its storage): 32 reads a checkpoint of any number of chunks, and a
+#: record (about 250 bytes) costs at most 8 times the bytes that made it.
+BYTES_PER_RECORD = 32
 #: The name every unknown global past :data:`MAX_GLOBALS` is recorded under.
 MORE_GLOBALS = "torchgraft.more_globals"
 
@@ -142,7 +147,7 @@ class _Budget:
     """How many records one unpickling may still create."""
 
     def __init__(self, size: int) -> None:
-        self.left = MIN_RECORDS + size // 256
+        self.left = MIN_RECORDS + size // BYTES_PER_RECORD
         self.summarised = 0
 
     def take(self, what: str, path: str | None) -> None:
