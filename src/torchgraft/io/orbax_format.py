@@ -8,10 +8,11 @@ chunks; with ``use_ocdbt=False`` each array is a zarr v2 folder of its own. A
 ``CheckpointManager`` step folder (``7/``) holds one such folder per item (``7/state/``).
 
 Only ``tensorstore`` (the optional extra ``[orbax]``) reads these; never JAX or Orbax. The
-metadata is checked first: its size, its shape (a mapping of leaves, each a short key path),
-every array's shape and dtype against the bytes the folder holds, and every file in the folder
-must lie inside it. Arrays are opened lazily: a tensor's chunks are read when it is read, a
-block of it when only that block is wanted.
+metadata is checked first: its size, its nesting and shape (a mapping of leaves, each a short
+key path), every array's shape and dtype against the bytes the folder holds, and every file in
+the folder must lie inside it and be a regular file (a FIFO or device, which tensorstore would
+open and wait on, is refused before it is given the folder). Arrays are opened lazily: a
+tensor's chunks are read when it is read, a block of it when only that block is wanted.
 
 The arrays are a Flax model's: names and layouts become PyTorch's as for Flax ``msgpack``
 files (:func:`~torchgraft.io.flax_format.flax_tree`), Flax NNX's ``value`` leaves included.
@@ -19,7 +20,6 @@ files (:func:`~torchgraft.io.flax_format.flax_tree`), Flax NNX's ``value`` leave
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..bounds import parse_json
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import check_regular, contained, open_regular, read_contained
 from .flax_format import flax_key, flax_tree
 from .framework import import_optional
 
@@ -74,7 +75,7 @@ def _tensorstore() -> Any:
 def _head(path: Path, size: int) -> bytes:
     if not path.is_file():
         return b""
-    with path.open("rb") as f:
+    with open(open_regular(path), "rb") as f:
         return f.read(size)
 
 
@@ -137,18 +138,19 @@ def _stored_bytes(item: Path, options: ReadOptions) -> int:
             if part.is_symlink():  # what os.walk lists lies inside, unless it links out
                 contained(item, str(part.relative_to(item)), named_by=item, what="file",
                           follow_links=options.follow_links)
-            if name in names and part.is_file():
+            check_regular(part, what="file", folder_ok=True)
+            if name in names:
                 total += part.stat().st_size
     return total
 
 
-def _leaves(item: Path) -> tuple[dict[tuple[str, ...], str], dict[str, Any]]:
+def _leaves(item: Path, options: ReadOptions) -> tuple[dict[tuple[str, ...], str],
+                                                     dict[str, Any]]:
     """Each array leaf's key path and its stored name, from ``_METADATA``; and the flags."""
-    path = contained(item, _METADATA, named_by=item, what="metadata file")
-    if path.stat().st_size > _MAX_METADATA:
-        raise CorruptCheckpointError(f"_METADATA is {path.stat().st_size} bytes, more than "
-                                     f"{_MAX_METADATA} for metadata", path=item)
-    document = json.loads(path.read_bytes())
+    document = parse_json(read_contained(item, _METADATA, named_by=item, what=_METADATA,
+                                         limit=_MAX_METADATA,
+                                         follow_links=options.follow_links),
+                          what=_METADATA, path=item / _METADATA)
     tree = document.get("tree_metadata") if isinstance(document, dict) else None
     if not isinstance(tree, dict) or len(tree) > _MAX_LEAVES:
         raise CorruptCheckpointError("_METADATA has no tree_metadata mapping of leaves",
@@ -244,7 +246,7 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
 def _open(folder: Path, options: ReadOptions) -> Contents:
     ts = _tensorstore()
     item = _item(folder, options)
-    leaves, flags = _leaves(item)
+    leaves, flags = _leaves(item, options)
     stored_bytes = _stored_bytes(item, options)
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0},
                           "data_copy_concurrency": {"limit": 2},
