@@ -22,7 +22,6 @@ size-limited and nests at most :data:`~torchgraft.bounds.MAX_NESTING` deep.
 
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..bounds import check_nesting
+from ..bounds import check_nesting, parse_json
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, closed_on_error
@@ -309,13 +308,12 @@ def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
     info = archive.getinfo("config.json")
     if info.file_size > _MAX_CONFIG:
         raise CorruptCheckpointError("config.json is implausibly large", path=path)
-    try:
-        config = json.loads(read_member(archive, info, _MAX_CONFIG, what="config.json",
-                                        path=str(path)))
-    except ValueError:
-        raise CorruptCheckpointError("config.json is not JSON", path=path) from None
-    layers = config.get("config", {}).get("layers", []) if isinstance(config, dict) else []
-    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)][:_MAX_GROUPS]
+    config = parse_json(read_member(archive, info, _MAX_CONFIG, what="config.json",
+                                    path=str(path)), what="config.json", path=path)
+    model = config.get("config") if isinstance(config, dict) else None
+    layers = model.get("layers") if isinstance(model, dict) else None
+    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)
+            ][:_MAX_GROUPS] if isinstance(layers, list) else []
 
 
 def _open_keras(path: Path, options: ReadOptions) -> Contents:
