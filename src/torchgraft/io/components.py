@@ -13,10 +13,10 @@ own format.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ..bounds import parse_json
 from ..containers import select_weights
 from ..errors import (
     CorruptCheckpointError,
@@ -25,7 +25,7 @@ from ..errors import (
     TorchgraftError,
 )
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import contained, read_contained
 from .registry import checkpoint_in, open_contents
 from .sharded import MAX_INDEX_BYTES
 
@@ -40,18 +40,12 @@ def _claims(path: Path) -> bool:
     return any((path / name).is_file() for name in _INDEXES)
 
 
-def _index(path: Path) -> tuple[str, Any]:
+def _index(path: Path, options: ReadOptions) -> tuple[str, Any]:
     for name, kind in _INDEXES.items():
-        index = path / name
-        if index.is_file():
-            if index.stat().st_size > MAX_INDEX_BYTES:
-                raise CorruptCheckpointError(f"{name} is larger than any index "
-                                             f"({MAX_INDEX_BYTES} bytes)", path=index)
-            try:
-                return kind, json.loads(index.read_text())
-            except (ValueError, RecursionError) as exc:
-                raise CorruptCheckpointError(f"{name} is not JSON ({type(exc).__name__})",
-                                             path=index) from None
+        if (path / name).is_file():
+            data = read_contained(path, name, named_by=path, what=name, limit=MAX_INDEX_BYTES,
+                                  follow_links=options.follow_links)
+            return kind, parse_json(data, what=name, path=path / name)
     raise CorruptCheckpointError("no model_index.json or modules.json", path=path)
 
 
@@ -106,7 +100,7 @@ def _open_part(path: Path, folder: str, options: ReadOptions) -> Contents | None
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    kind, index = _index(path)
+    kind, index = _index(path, options)
     parts = _parts(kind, index, path)
     if options.component is not None:
         if options.component not in parts:

@@ -25,10 +25,15 @@ from typing import Any, TypeGuard
 import torch
 
 from ..bounds import parse_json
-from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
+from ..errors import (
+    CorruptCheckpointError,
+    OutsideCheckpointError,
+    TorchgraftError,
+    UnsupportedCheckpointError,
+)
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
-from .contain import read_contained
+from .contain import contained, open_regular, read_contained
 from .mlx_quant import AFFINE_BITS, MODES, dequantize
 from .registry import checkpoint_in, open_contents
 from .safetensors_format import FORMAT as SAFETENSORS
@@ -38,6 +43,8 @@ __all__ = ["FORMAT", "FOLDER_FORMAT"]
 _CONFIG = "config.json"
 _MAX_CONFIG = 16 << 20
 _WORD_BITS = 32
+#: The bytes of a safetensors file's start that hold mlx's ``"format":"mlx"`` marker.
+_MAGIC_BYTES = 512
 
 
 def _quantization(folder: Path, *, follow_links: bool) -> dict[str, Any] | None:
@@ -173,7 +180,8 @@ def _open_file(path: Path, options: ReadOptions) -> Contents:
 
 def _open_folder(path: Path, options: ReadOptions) -> Contents:
     quantization = _quantization(path, follow_links=options.follow_links)
-    inner = open_contents(checkpoint_in(path), options.part())
+    inner = open_contents(checkpoint_in(path, follow_links=options.follow_links),
+                          options.part())
     root = inner.root
     if isinstance(root, dict):
         root, counts = _dequantize_root(root, quantization, path)
@@ -185,13 +193,26 @@ def _open_folder(path: Path, options: ReadOptions) -> Contents:
 def _claims(folder: Path) -> bool:
     """A folder of safetensors beside an mlx-lm ``config.json``.
 
-    The config is peeked at wherever it leads; opening reads it contained.
+    Nothing outside the folder is read here: a config linking out is claimed when the
+    folder's safetensors say they are mlx's, and opening reads it (only with follow_links).
     """
+    shards = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
     try:
-        quantization = _quantization(folder, follow_links=True)
+        return _quantization(folder, follow_links=False) is not None and bool(shards)
+    except OutsideCheckpointError:
+        return bool(shards) and _marked(folder, shards[0])
     except TorchgraftError:
         return False
-    return quantization is not None and any(folder.glob("*.safetensors"))
+
+
+def _marked(folder: Path, name: str) -> bool:
+    """Whether a safetensors file inside ``folder`` has mlx's ``format`` in its metadata."""
+    try:
+        path = contained(folder, name, named_by=folder, what="shard")
+        with open(open_regular(path), "rb") as f:
+            return _magic(f.read(_MAGIC_BYTES))
+    except (OSError, TorchgraftError):
+        return False
 
 
 def _magic(head: bytes) -> bool:

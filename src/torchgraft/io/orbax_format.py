@@ -181,9 +181,10 @@ def _stores(item: Path, flags: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return store, "zarr3" if flags["use_zarr3"] else "zarr"
 
 
-def _check_manifest(item: Path) -> None:
+def _check_manifest(item: Path, options: ReadOptions) -> None:
     """An OCDBT manifest's magic number, and the length its header states against the file's."""
-    manifest = contained(item, _MANIFEST, named_by=item, what="OCDBT manifest")
+    manifest = contained(item, _MANIFEST, named_by=item, what="OCDBT manifest",
+                         follow_links=options.follow_links)
     head = _head(manifest, 12)
     size = manifest.stat().st_size if manifest.is_file() else 0
     if len(head) < 12 or not head.startswith(_OCDBT_MAGIC):
@@ -252,7 +253,7 @@ def _open(folder: Path, options: ReadOptions) -> Contents:
                           "data_copy_concurrency": {"limit": 2},
                           "file_io_concurrency": {"limit": 2}})
     if flags["use_ocdbt"]:
-        _check_manifest(item)
+        _check_manifest(item, options)
     kvstore, driver = _stores(item, flags)
     _check_listed(ts, kvstore, context, leaves, item)
     opening = {key: ts.open({"driver": driver, "kvstore": kvstore, "path": name, "open": True},
