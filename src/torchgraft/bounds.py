@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, brief
 
 __all__ = ["MAX_NDIM", "MAX_NESTING", "MAX_RANKS", "check_fits", "check_length",
            "check_nesting", "check_shape", "check_view", "parse_json", "view_extent"]
@@ -190,7 +190,7 @@ def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) 
     except RecursionError:
         raise _too_deep(f"{what}'s arrays and objects", path) from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise CorruptCheckpointError(f"{what} is not JSON ({exc})", path=path) from None
+        raise CorruptCheckpointError(f"{what} is not JSON ({brief(exc)})", path=path) from None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()

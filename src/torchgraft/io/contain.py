@@ -34,6 +34,7 @@ from ..errors import (
     CorruptCheckpointError,
     OutsideCheckpointError,
     UnsupportedCheckpointError,
+    brief,
     reading,
 )
 
@@ -110,7 +111,7 @@ def _resolved(path: Path, named_by: Path) -> Path:
         return path.resolve()
     except (RuntimeError, OSError) as exc:  # RuntimeError: "Symlink loop" (Python < 3.13)
         raise CorruptCheckpointError(
-            f"'{path}' is a symbolic link that leads back to itself (a link loop: {exc}): "
+            f"'{path}' is a symbolic link that leads back to itself (a link loop: {brief(exc)}): "
             "replace it by the folder or file it should name", path=named_by) from None
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..bounds import check_nesting, parse_json
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, brief
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, closed_on_error
 from .framework import (
@@ -287,7 +287,7 @@ def hdf5_faults(path: str | Path) -> Iterator[None]:
     try:
         yield
     except (RuntimeError, KeyError, OSError) as exc:
-        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({exc})",
+        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({brief(exc)})",
                                      path=path) from exc
 
 

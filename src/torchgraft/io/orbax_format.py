@@ -28,7 +28,12 @@ import numpy as np
 import torch
 
 from ..bounds import parse_json
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from ..errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UnsupportedCheckpointError,
+    brief,
+)
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
 from .contain import check_regular, contained, open_regular, read_contained
@@ -202,7 +207,7 @@ def _check_listed(ts: Any, kvstore: dict[str, Any], context: Any, leaves: dict[A
     try:
         keys = set(ts.KvStore.open(kvstore, context=context).result().list().result())
     except ValueError as exc:
-        raise CorruptCheckpointError(f"its array store cannot be read: {exc}",
+        raise CorruptCheckpointError(f"its array store cannot be read: {brief(exc)}",
                                      path=item) from None
     for name in leaves.values():
         if not {f"{name}/.zarray".encode(), f"{name}/zarr.json".encode()} & keys:
@@ -232,7 +237,8 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
         try:
             return _as_torch(region.read().result(), dtype, view)
         except ValueError as exc:
-            raise CorruptCheckpointError(f"{what} cannot be read: {exc}", path=item) from None
+            raise CorruptCheckpointError(f"{what} cannot be read: {brief(exc)}",
+                                         path=item) from None
 
     def read() -> torch.Tensor:
         return fetch(store, f"'{name}'")
@@ -264,7 +270,7 @@ def _open(folder: Path, options: ReadOptions) -> Contents:
         try:
             stores[key] = future.result()
         except ValueError as exc:
-            raise CorruptCheckpointError(f"array '{leaves[key]}' cannot be opened: {exc}",
+            raise CorruptCheckpointError(f"array '{leaves[key]}' cannot be opened: {brief(exc)}",
                                          path=item) from None
     refs = {key: _array_ref(store, leaves[key], item) for key, store in stores.items()}
     claimed = sum(ref.meta.nbytes for ref in refs.values())
