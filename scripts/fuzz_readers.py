@@ -1,7 +1,8 @@
 """Coverage-guided fuzzing of every registered reader with atheris (libFuzzer).
 
 Each format's seed (a real file, from tests/io/test_conformance.py's SEEDS) is the corpus;
-libFuzzer mutates its structure file guided by the coverage of torchgraft's own code, and
+with ``--format all-in-one`` its other structure files (the battery's STRUCTURE) are targets
+too. libFuzzer mutates a structure file guided by the coverage of torchgraft's own code, and
 every input is opened and read in full (``meta()`` against ``get()``). An input must load
 or raise a library error: anything else is counted as a raw exception and its input kept.
 
@@ -58,13 +59,21 @@ def _worker(name: str, runs: int, out: Path, memory_mib: int, timeout: int) -> N
     corpus = work / "corpus"
     corpus.mkdir(parents=True)
     names = sorted(battery.SEEDS) if name == ALL else [name]
+    # Each format's seed target, then its other structure files (the battery's STRUCTURE:
+    # a DCP data file, a DeepSpeed rank file, an MLX or Orbax folder's metadata...), each in
+    # a copy of its own.
+    targets = [(each, None) for each in names] + [
+        (each, part) for each in names for part in battery.STRUCTURE.get(each, ())]
     seeds = []
-    for number, each in enumerate(names):
+    for number, (each, part) in enumerate(targets):
         (work / str(number)).mkdir()
-        seeds.append(battery.SEEDS[each](work / str(number)))
-        # With several formats, an input's first byte picks the format.
+        opened, target = battery.SEEDS[each](work / str(number))
+        if part is not None:
+            target = (opened if opened.is_dir() else opened.parent) / part
+        seeds.append((opened, target))
+        # With several targets, an input's first byte picks the target.
         prefix = bytes([number]) if name == ALL else b""
-        (corpus / str(number)).write_bytes(prefix + seeds[-1][1].read_bytes())
+        (corpus / str(number)).write_bytes(prefix + target.read_bytes())
     stats: dict[str, Any] = {"format": name, "inputs": 0, "raw": 0, "examples": []}
     report = out / f"{name.replace('/', '_')}.json"
     crashes = out / f"{name.replace('/', '_')}-inputs"

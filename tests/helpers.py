@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from unittest import mock
 
@@ -69,3 +71,33 @@ class Payload:
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return (os.system, (f"touch {self.marker}",))
+
+
+#: How much more 4x the items may cost: linear is 4x, a quadratic step 16x.
+SCALING_LIMIT = 6.0
+
+
+def cpu_seconds(work: Callable[[], object], repeat: int = 3) -> float:
+    """The CPU seconds of this process ``work`` takes, the best of ``repeat`` runs.
+
+    What the process held before is frozen out of the garbage collector's view, so a full
+    collection during ``work`` costs what ``work`` made, not the million objects torch and
+    the test session keep (a step that would look like a quadratic cost).
+    """
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        gc.freeze()
+        try:
+            start = time.process_time()
+            work()
+            best = min(best, time.process_time() - start)
+        finally:
+            gc.unfreeze()
+    return best
+
+
+def assert_scales_linearly(seconds: Callable[[int], float], items: int) -> None:
+    """4x the items cost at most :data:`SCALING_LIMIT` times the time of ``items``."""
+    small, large = seconds(items), seconds(4 * items)
+    assert large <= SCALING_LIMIT * small, (items, small, large)

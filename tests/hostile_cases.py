@@ -19,17 +19,19 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import torchgraft as tg
 from torchgraft.io.torch_legacy import MAGIC_NUMBER, PROTOCOL_VERSION
 
-__all__ = ["CASES", "measure"]
+__all__ = ["CASES", "OUTCOMES", "measure"]
 
 Case = Callable[[Path], Callable[[], object]]
-#: The record cases' sizes are divided by this (``TORCHGRAFT_HOSTILE_SCALE``; 1: the sizes in
-#: their names, as measured for the notes; CI runs them at a tenth).
+FIXTURES = Path(__file__).parent / "fixtures"
+#: The record and walk cases' sizes are divided by this (``TORCHGRAFT_HOSTILE_SCALE``; 1: the
+#: sizes in their names, as measured for the notes; CI runs them at a tenth).
 SCALE = int(os.environ.get("TORCHGRAFT_HOSTILE_SCALE", "1"))
 
 
@@ -125,6 +127,136 @@ def _inspect_json(body: bytes, name: str) -> Case:
     return build
 
 
+def _deepspeed(change: str) -> Case:
+    """A DeepSpeed ZeRO folder (deepspeed's own, re-saved) with one record lying."""
+    def build(folder: Path) -> Callable[[], object]:
+        from tests.io.test_deepspeed import _ZERO1_OPTIM, _edited, _frozen, _optimizer
+
+        def count(optim: dict[str, object]) -> None:
+            optim["partition_count"] = "x"
+
+        def int64(optim: dict[str, Any]) -> None:
+            key = "single_partition_of_fp32_groups"
+            optim[key] = [t.long() for t in optim[key]]
+
+        edits: dict[str, Callable[[dict[str, Any]], None]] = {
+            "count": _optimizer(count), "dtype": _optimizer(int64)}
+        name = "mp_rank_00_model_states.pt" if change == "frozen" else _ZERO1_OPTIM.format(0)
+        edit = _frozen((10**6, 10**6), torch.ones(4)) if change == "frozen" else edits[change]
+        return _opener(_edited(folder, "zero1", {name: edit}))
+    return build
+
+
+def _self_linked_part(folder: Path) -> Callable[[], object]:
+    pipeline = folder / "ldm"
+    shutil.copytree(FIXTURES / "diffusers" / "ldm", pipeline)
+    shutil.rmtree(pipeline / "unet")
+    (pipeline / "unet").symlink_to("unet")
+    return _opener(pipeline)
+
+
+def _int8_scales(folder: Path) -> Callable[[], object]:
+    weight = torch.quantize_per_channel(torch.randn(64, 64), torch.rand(64, dtype=torch.float64)
+                                        + 0.01, torch.zeros(64, dtype=torch.long), 0, torch.qint8)
+    real = torch.Tensor.q_per_channel_scales
+    torch.Tensor.q_per_channel_scales = lambda self: real(self).to(torch.int8)  # type: ignore
+    try:
+        torch.save({"w": weight}, folder / "q.pt")
+    finally:
+        torch.Tensor.q_per_channel_scales = real  # type: ignore[method-assign]
+    return _opener(folder / "q.pt")
+
+
+def _external_storage(folder: Path) -> Callable[[], object]:
+    from tests.io.test_keras import _dense
+
+    path = folder / "external.weights.h5"
+    _dense(path, external=[("/etc/hostname", 0, 24)])
+    return _opener(path)
+
+
+def _mlx(change: str) -> Case:
+    def build(folder: Path) -> Callable[[], object]:
+        copy = folder / "mlx"
+        shutil.copytree(FIXTURES / "frameworks" / "mlx" / "llama_q4", copy)
+        config = json.loads((copy / "config.json").read_text())
+        if change == "group_size 0":
+            config["quantization"]["group_size"] = 0
+            (copy / "config.json").write_text(json.dumps(config))
+        else:
+            (folder / "elsewhere.json").write_text(json.dumps(config))
+            (copy / "config.json").unlink()
+            (copy / "config.json").symlink_to(folder / "elsewhere.json")
+        return _opener(copy)
+    return build
+
+
+def _hub(change: str) -> Case:
+    def build(folder: Path) -> Callable[[], object]:
+        import huggingface_hub.constants
+
+        from tests.hub_cache import COMMIT
+        from tests.io.test_contain import _hub_sharded
+
+        snapshot, _ = _hub_sharded(folder / "hub")
+        huggingface_hub.constants.HF_HUB_CACHE = str(folder / "hub")
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        repository = snapshot.parent.parent
+        (folder / "evil").mkdir()
+        torch.save({}, folder / "evil" / "x.pt")
+        if change == "ref":
+            (repository / "refs" / "main").write_text("../../../evil")
+        elif change == "fifo":
+            (repository / "refs" / "main").unlink()
+            os.mkfifo(repository / "refs" / "main")
+        else:
+            shutil.rmtree(snapshot)
+            (repository / "snapshots" / COMMIT).symlink_to(folder / "evil")
+        return lambda: tg.load("org/name")
+    return build
+
+
+def _orbax_fifo(folder: Path) -> Callable[[], object]:
+    copy = folder / "attention"
+    shutil.copytree(FIXTURES / "frameworks" / "orbax" / "attention", copy)
+    (copy / "params.head.bias" / "0").unlink()
+    os.mkfifo(copy / "params.head.bias" / "0")
+    return _opener(copy)
+
+
+def _walk(kind: str, count: int) -> Case:
+    """A structure of ``count`` items (divided by :data:`SCALE`) whose walk was quadratic."""
+    count //= SCALE
+
+    def build(folder: Path) -> Callable[[], object]:
+        if kind == "onnx":
+            from tests.io.test_onnx import _identity_chain
+
+            path = folder / "chain.onnx"
+            _identity_chain(path, count)
+        elif kind == "flax":
+            from tests.io.test_flax import _many_modules, _to_bytes
+
+            path = folder / "many.msgpack"
+            path.write_bytes(_to_bytes(_many_modules(count)))
+        else:
+            from tests.io.test_dcp import _row_chunks
+
+            path = folder / "dcp"
+            _row_chunks(path, count, stored=False)
+
+        def read() -> object:
+            with tg.open(path) as ckpt:
+                return f"{len(ckpt.keys())} tensors opened"
+        return read
+    return build
+
+
+def _ranks(folder: Path) -> Callable[[], object]:
+    torch.save({"w": torch.ones(2)}, folder / "w.pt")
+    return lambda: tg.convert(folder / "w.pt", folder / "dcp", format="dcp", ranks=2**31)
+
+
 CASES: dict[str, Case] = {
     "paddle BINUNICODE 4 GiB": lambda d: _opener(_pickle_file(d, "a.pdparams", _BINUNICODE_4G)),
     "paddle FRAME 2^40": lambda d: _opener(_pickle_file(d, "b.pdparams", _FRAME_2_40)),
@@ -146,6 +278,43 @@ CASES: dict[str, Case] = {
     "one global called 1M times": _inspect_json(_repeated_call(1_000_000 // SCALE), "h.pkl"),
     "inspect --json of a 1M-argument call": _inspect_json(_wide_call(1_000_000 // SCALE),
                                                           "i.pkl"),
+    "DeepSpeed partition_count 'x'": _deepspeed("count"),
+    "DeepSpeed frozen 10^6 x 10^6 from 4 elements": _deepspeed("frozen"),
+    "DeepSpeed fp32 partitions stored as int64": _deepspeed("dtype"),
+    "pipeline part folder linking to itself": _self_linked_part,
+    "qint8 per-channel scales stored as int8": _int8_scales,
+    "unknown calls nested 100,000 deep": lambda d: _opener(_pickle_file(
+        d, "calls.pkl", b"\x80\x02cfoo\nf\nq\x00" + b"h\x00" * 99_999 + b")"
+        + b"R\x85" * 99_999 + b"R.")),
+    "HDF5 external storage naming /etc/hostname": _external_storage,
+    "MLX config.json linking out": _mlx("link"),
+    "MLX group_size 0": _mlx("group_size 0"),
+    "Hub refs/main naming ../../../evil": _hub("ref"),
+    "Hub refs/main a FIFO": _hub("fifo"),
+    "Hub snapshot linking out": _hub("snapshot"),
+    "Orbax chunk a FIFO": _orbax_fifo,
+    "ONNX 16,000 Identity chains (1.1 MB)": _walk("onnx", 16_000),
+    "Flax 4,000 modules with stack-like biases": _walk("flax", 4000),
+    "DCP 16,000 chunks": _walk("dcp", 16_000),
+    "convert ranks=2**31": _ranks,
+}
+#: What reading a case ends in: the error's class, or ``None`` (it reads, bounded); every case
+#: not named here ends in a CorruptCheckpointError.
+OUTCOMES: dict[str, str | None] = {
+    "qint8 1 byte as 2^15 x 2^15, stride 0": None,
+    "qint32 4 bytes as 2^16 x 2^16, stride 0": None,
+    "300k distinct unknown globals": None,
+    "one global called 1M times": None,
+    "inspect --json of a 1M-argument call": None,
+    "HDF5 external storage naming /etc/hostname": "UnsupportedCheckpointError",
+    "MLX config.json linking out": "OutsideCheckpointError",
+    "Hub refs/main a FIFO": "UnsupportedCheckpointError",
+    "Hub snapshot linking out": "OutsideCheckpointError",
+    "Orbax chunk a FIFO": "UnsupportedCheckpointError",
+    "ONNX 16,000 Identity chains (1.1 MB)": None,
+    "Flax 4,000 modules with stack-like biases": None,
+    "DCP 16,000 chunks": None,
+    "convert ranks=2**31": "TorchgraftError",
 }
 
 

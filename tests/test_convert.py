@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from safetensors.torch import load_file
 import torchgraft as tg
 from tests.dcp_writer import expected
 from tests.helpers import SmallNet, assert_same_state
+from torchgraft.bounds import MAX_RANKS
 
 
 def test_training_checkpoint_to_safetensors(tmp_path: Path, model: SmallNet) -> None:
@@ -93,3 +95,18 @@ def test_written_files_follow_the_umask_and_carry_format_pt(tmp_path: Path) -> N
     assert mode == (tmp_path / "reference.pt").stat().st_mode & 0o777 == 0o644
     with safe_open(str(tmp_path / "m.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt"}
+
+
+@pytest.mark.parametrize("ranks", [2**31, MAX_RANKS + 1, 0, -1, True, 2.0, "2"])
+def test_a_number_of_ranks_no_checkpoint_has_is_refused_before_anything(
+        tmp_path: Path, state: dict, ranks: object) -> None:
+    src = tmp_path / "m.safetensors"
+    tg.save(state, src)
+    start = time.process_time()
+    with pytest.raises(tg.TorchgraftError, match=f"to {MAX_RANKS} ranks"):
+        tg.convert(src, tmp_path / "dcp", format="dcp", ranks=ranks)  # type: ignore[arg-type]
+    assert time.process_time() - start < 1  # 2**31 was a list per rank
+    assert not (tmp_path / "dcp").exists()
+    tg.convert(src, tmp_path / "three", format="dcp", ranks=3)  # the control
+    assert sorted(p.name for p in (tmp_path / "three").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]

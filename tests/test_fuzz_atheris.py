@@ -1,7 +1,10 @@
 """Coverage-guided fuzzing of every reader, short: the CI's bounded run of the long one.
 
 ``scripts/fuzz_readers.py --format all-in-one`` fuzzes every registered format's seed in one
-process (an input's first byte picks the format) under ``RLIMIT_AS`` and ``RLIMIT_CPU``;
+process (an input's first byte picks the target), and the other structure files of the folder
+formats and newer readers (a DCP data file, a DeepSpeed rank file and ``latest``, an MLX
+folder's ``config.json`` and shard, an Orbax ``_METADATA``, a pipeline's module config), under
+``RLIMIT_AS`` and ``RLIMIT_CPU``;
 every input must load with ``meta()`` agreeing with ``get()``, or raise a library error.
 The long run (>= 10,000 inputs per format, one process each) is the same script without
 ``--format``.
@@ -19,7 +22,7 @@ import pytest
 pytest.importorskip("atheris")
 
 ROOT = Path(__file__).parent.parent
-RUNS = 200
+RUNS = 300
 
 
 def test_fuzzed_inputs_load_or_raise_library_errors(tmp_path: Path) -> None:

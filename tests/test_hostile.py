@@ -29,19 +29,28 @@ def test_self_sharing_lists_inspect_in_linear_time(tmp_path: Path) -> None:
 
 
 def test_deeply_nested_extras_are_cut(tmp_path: Path) -> None:
+    from torchgraft.bounds import MAX_NESTING
+    from torchgraft.containers import MAX_PLAIN_DEPTH
+
+    assert MAX_PLAIN_DEPTH < MAX_NESTING - 10
     nested: dict[str, object] = {}
-    for _ in range(700):
+    for _ in range(MAX_NESTING - 10):
         nested = {"n": nested}
     path = tmp_path / "deep.pt"
+    torch.save({"state_dict": {"w": torch.ones(1)}, "deep": nested}, path)
+    with tg.open(path) as ckpt:
+        assert "<nested too deeply>" in json.dumps(ckpt.extras)
+        assert torch.equal(ckpt.get("w"), torch.ones(1))
+    for _ in range(700 - MAX_NESTING + 10):  # deeper than any checkpoint nests
+        nested = {"n": nested}
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(10_000)  # torch.save's pickler recurses per level
     try:
         torch.save({"state_dict": {"w": torch.ones(1)}, "deep": nested}, path)
     finally:
         sys.setrecursionlimit(limit)
-    with tg.open(path) as ckpt:
-        assert "<nested too deeply>" in json.dumps(ckpt.extras)
-        assert torch.equal(ckpt.get("w"), torch.ones(1))
+    with pytest.raises(tg.CorruptCheckpointError, match=f"nest deeper than {MAX_NESTING}"):
+        tg.open(path)
 
 
 def test_too_deep_for_any_checkpoint_is_a_clean_error(tmp_path: Path) -> None:

@@ -208,3 +208,29 @@ def test_malformed_quantizer_records_are_refused(quantizer: tuple[object, ...]) 
 def test_unknown_quantization_scheme_is_unsupported() -> None:
     with pytest.raises(UnsupportedCheckpointError, match="quantization scheme"):
         quantized_ref(_values(), torch.qint8, (torch.per_tensor_symmetric, 0.1, 0))
+
+
+@pytest.mark.parametrize("scales, points", [
+    (torch.int8, torch.int64), (torch.int64, torch.int64), (torch.bool, torch.int64),
+    (torch.float64, torch.bool), (torch.float64, torch.complex64),
+])
+def test_per_channel_parameters_of_the_wrong_dtype_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scales: torch.dtype,
+        points: torch.dtype) -> None:
+    weight = torch.quantize_per_channel(torch.randn(4, 6), torch.rand(4, dtype=torch.float64)
+                                        + 0.01, torch.arange(4), 0, torch.qint8)
+    path = tmp_path / "q.pt"
+    torch.save({"w": weight}, path)
+    _assert_same_quantized(tg.load(path)["w"], weight)  # the control
+    # The same file as torch writes it, its scales and zero points recorded in other dtypes.
+    real_scales = torch.Tensor.q_per_channel_scales
+    real_points = torch.Tensor.q_per_channel_zero_points
+    monkeypatch.setattr(torch.Tensor, "q_per_channel_scales",
+                        lambda self: real_scales(self).to(scales))
+    monkeypatch.setattr(torch.Tensor, "q_per_channel_zero_points",
+                        lambda self: real_points(self).to(points))
+    torch.save({"w": weight}, path)
+    monkeypatch.undo()
+    with pytest.raises(CorruptCheckpointError, match=f"scales of {scales} and zero points of "
+                                                     f"{points}"):
+        tg.open(path)

@@ -131,3 +131,61 @@ def test_dcp_metadata_and_bytes_entries_are_refused(tmp_path: Path) -> None:
         with pytest.raises(tg.UnsafeCheckpointError, match="os.system"):
             tg.open(tmp_path / directory)
     assert not marker.exists()
+
+
+class Called:
+    """Pickled as a call of this (unknown, when read) global with its inner value."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __reduce__(self) -> tuple[object, tuple[object]]:
+        return Called, (self.inner,)
+
+
+class Built:
+    """Pickled as an object of an unknown class whose state holds the next one."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+
+def _chain(kind: type, depth: int) -> object:
+    value: object = torch.ones(1)
+    for _ in range(depth):
+        value = kind(value)
+    return value
+
+
+@pytest.mark.parametrize("kind", [Called, Built])
+def test_unknown_calls_and_objects_nesting_past_the_bound_are_refused(tmp_path: Path,
+                                                                      kind: type) -> None:
+    from torchgraft.bounds import MAX_NESTING
+
+    path = tmp_path / "nested.pt"
+    torch.save({"w": torch.ones(1), "chain": _chain(kind, MAX_NESTING // 3)}, path)
+    with tg.open(path) as ckpt:  # the control: nested, well inside the bound
+        assert torch.equal(ckpt.get("w"), torch.ones(1))
+    torch.save({"w": torch.ones(1), "chain": _chain(kind, MAX_NESTING + 1)}, path)
+    with pytest.raises(tg.CorruptCheckpointError, match=f"nest deeper than {MAX_NESTING}"):
+        tg.open(path)
+
+
+def _nested_calls(depth: int) -> bytes:
+    """``f(f(f(...())))`` ``depth`` deep: 3 bytes a level, no recursion to build or read."""
+    return (b"\x80\x02cfoo\nf\nq\x00" + b"h\x00" * (depth - 1) + b")"
+            + b"R\x85" * (depth - 1) + b"R.")
+
+
+def test_unknown_calls_nested_100000_deep_are_refused_in_bounded_time(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "calls.pkl"
+    path.write_bytes(_nested_calls(50))
+    with tg.open(path) as ckpt:  # the control
+        assert ckpt.skipped_calls == ["foo.f"]
+    path.write_bytes(_nested_calls(100_000))  # a shared record past the budget, before
+    start = time.process_time()
+    with pytest.raises(tg.CorruptCheckpointError, match="calls of unknown globals nest deeper"):
+        tg.open(path)
+    assert time.process_time() - start < 2

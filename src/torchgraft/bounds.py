@@ -11,21 +11,27 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptCheckpointError, TorchgraftError
+from .errors import CorruptCheckpointError, brief
 
-__all__ = ["MAX_INDEX_BYTES", "MAX_NDIM", "check_fits", "check_length", "check_shape",
-           "check_view", "read_json", "view_extent"]
+__all__ = ["MAX_INDEX_BYTES", "MAX_NDIM", "MAX_NESTING", "MAX_RANKS", "check_fits",
+           "check_length", "check_nesting", "check_shape", "check_view", "parse_json",
+           "view_extent"]
 
 #: More dimensions than this is no tensor (torch allows 64... in practice, far fewer).
 MAX_NDIM = 64
 #: An index larger than this is not one (a 70B model's weight map is about 100 KiB).
 MAX_INDEX_BYTES = 64 * 1024 * 1024
+#: How deep any structure decoded from a file may nest: pickled containers and calls, HDF5
+#: groups, msgpack maps and arrays, ONNX subgraphs, JSON. Real checkpoints nest a few dozen
+#: levels at most (a whole pickled model: about three per module level); this bound keeps
+#: every walk of a decoded structure far inside Python's own recursion limit.
+MAX_NESTING = 100
+#: More ranks than this is no checkpoint torchgraft merges or writes.
+MAX_RANKS = 4096
 
 
 def _integer(value: Any) -> bool:
@@ -148,50 +154,52 @@ def check_view(shape: Sequence[int], stride: Sequence[int], offset: int, numel: 
             f"storage with {numel}", path=source)
 
 
-def read_json(path: Path, *, limit: int, what: str,
-              error: type[TorchgraftError] = CorruptCheckpointError) -> Any:
-    """A small JSON file beside a checkpoint (an index, a config), read within bounds.
-
-    The file must be a regular file (a FIFO or a device is refused before it is opened, so
-    nothing blocks) of at most ``limit`` bytes, UTF-8 text, valid JSON, nested no deeper than
-    Python's parser goes. It is read once, at most ``limit`` + 1 bytes, so a file that grows
-    after it was measured is refused too.
+def check_nesting(depth: int, *, what: str, path: str | Path | None = None) -> None:
+    """Refuse a structure nested deeper than :data:`MAX_NESTING` (every decoder's one bound).
 
     Args:
-        path: The file.
-        limit: Its largest plausible size in bytes.
-        what: What it is, for messages (``"the index"``, ``"config.json"``).
-        error: The error class raised (a file that is part of the checkpoint is corrupt;
-            a sidecar the user gave is a plain :class:`~torchgraft.errors.TorchgraftError`).
-
-    Returns:
-        The parsed value (any JSON value: the caller checks its shape).
+        depth: How deep the structure is at this point (the top is 0 or 1).
+        what: What nests, for the message (``"HDF5 groups"``).
+        path: The file, for the message.
 
     Raises:
-        TorchgraftError: Of class ``error``, naming the file, if it is not a regular file, is
-            larger than ``limit``, or is not valid UTF-8 JSON.
+        CorruptCheckpointError: If ``depth`` is more than :data:`MAX_NESTING`.
+    """
+    if depth > MAX_NESTING:
+        raise _too_deep(what, path)
+
+
+def _too_deep(what: str, path: str | Path | None) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{what} nest deeper than {MAX_NESTING} levels, which no "
+                                  "checkpoint does: the file is damaged or forged", path=path)
+
+
+def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) -> Any:
+    """Parse JSON from a file, its nesting bounded by :data:`MAX_NESTING`.
+
+    Args:
+        data: The document (already bounded in size by the caller).
+        what: The document, for the message (``"config.json"``).
+        path: The file, for the message.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        CorruptCheckpointError: If it is not UTF-8 JSON, or nests too deeply.
     """
     try:
-        mode = path.stat().st_mode
-        if not stat.S_ISREG(mode):
-            raise error(f"{what} is not a regular file", path=path)
-        with open(path, "rb", opener=_no_block) as f:
-            raw = f.read(limit + 1)
-    except OSError as exc:
-        raise error(f"{what} cannot be read: {exc.strerror or exc}", path=path) from None
-    if len(raw) > limit:
-        raise error(f"{what} is over {limit} bytes, more than any such file needs", path=path)
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                    path=path) from None
-    except ValueError as exc:
-        raise error(f"{what} is not valid JSON: {exc}", path=path) from None
+        value = json.loads(data)
     except RecursionError:
-        raise error(f"{what} is nested too deep to be what it claims", path=path) from None
-
-
-def _no_block(path: str, flags: int) -> int:
-    """Open without blocking: a file swapped for a FIFO after it was measured does not hang."""
-    return os.open(path, flags | os.O_NONBLOCK)
+        raise _too_deep(f"{what}'s arrays and objects", path) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CorruptCheckpointError(f"{what} is not valid JSON ({brief(exc)})",
+                                     path=path) from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            check_nesting(depth, what=f"{what}'s arrays and objects", path=path)
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return value

@@ -21,6 +21,7 @@ from .errors import (
     CorruptCheckpointError,
     TensorNotFoundError,
     TorchgraftError,
+    brief,
     parse_errors,
     reading,
 )
@@ -225,7 +226,7 @@ def _naming(name: str) -> Iterator[None]:
         raise exc.about(name) from exc.__cause__
     except parse_errors() as exc:
         raise CorruptCheckpointError(f"while reading '{name}': the data is malformed "
-                                     f"({type(exc).__name__}: {exc})") from exc
+                                     f"({brief(exc)})") from exc
 
 
 def _materialise(ref: TensorRef, name: str, devices: DeviceMap, dtype: torch.dtype | None,

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .bounds import MAX_RANKS
 from .checkpoint import OpenOptions, open_with
 from .containers import all_tensors
 from .errors import TorchgraftError
@@ -162,7 +163,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             them: ``"per-expert"`` or ``"mixtral"`` (see :func:`torchgraft.save`).
         ranks: For DCP: write the directory as this many ranks of an FSDP2 model save it
             (each tensor's rows split as ``torch.chunk`` splits them, one file per rank), so
-            each rank of a model sharded that way reads one file.
+            each rank of a model sharded that way reads one file; 1 to
+            :data:`~torchgraft.bounds.MAX_RANKS`.
         progress: Called with (tensors done, total).
 
     Returns:
@@ -175,9 +177,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     fmt = resolve_format(destination, format, legacy=legacy)
     parsed = parse_rules(rules)
     cast_to = parse_dtype(dtype) if dtype else None
-    if ranks is not None and (fmt.writes != "dcp" or ranks < 1):
-        raise TorchgraftError(f"ranks={ranks}: a DCP directory is written for 1 or more ranks; "
-                              f"{fmt.writes} files are not split by rank", path=destination)
+    if ranks is not None and (fmt.writes != "dcp" or isinstance(ranks, bool)
+                              or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
+        raise TorchgraftError(f"ranks={ranks!r:.40}: a DCP directory is written for 1 to "
+                              f"{MAX_RANKS} ranks; {fmt.writes} files are not split by rank",
+                              path=destination)
     with open_with(src, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}

@@ -11,6 +11,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointWriteError",
     "CorruptCheckpointError",
+    "MAX_QUOTED",
     "DeviceError",
     "MissingDependencyError",
     "OutsideCheckpointError",
@@ -20,9 +21,13 @@ __all__ = [
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
     "UnsupportedModelError",
+    "brief",
     "parse_errors",
     "reading",
 ]
+
+#: The most characters of a parser's message quoted in an error (it may quote the file).
+MAX_QUOTED = 160
 
 
 class TorchgraftError(Exception):
@@ -167,6 +172,23 @@ def _extra_requirements(extra: str) -> list[str]:
             if f'extra == "{extra}"' in r.replace("'", '"')]
 
 
+def brief(exc: BaseException) -> str:
+    """A parser's exception as ``Type: message``, cut to :data:`MAX_QUOTED` characters.
+
+    A parser's message may quote what it read (numpy quotes a whole header): an error never
+    renders more of the file than this.
+
+    Args:
+        exc: The exception.
+
+    Returns:
+        Its class name and the start of its message.
+    """
+    text = str(exc)
+    cut = text[:MAX_QUOTED] + ("..." if len(text) > MAX_QUOTED else "")
+    return f"{type(exc).__name__}: {cut}"
+
+
 def parse_errors() -> tuple[type[BaseException], ...]:
     """What a parser raises when the bytes it is given are bad (and nothing else).
 
@@ -222,11 +244,11 @@ def reading(path: str | Path) -> Iterator[None]:
     except OSError as exc:
         raise TorchgraftError(f"cannot be read: {exc.strerror or exc}", path=path) from exc
     except NotImplementedError as exc:  # zipfile: a compression method or encryption
-        raise UnsupportedCheckpointError(f"it uses what its parser does not read ({exc})",
-                                         path=path) from exc
+        raise UnsupportedCheckpointError(f"it uses what its parser does not read "
+                                         f"({brief(exc)})", path=path) from exc
     except parse_errors() as exc:
         raise CorruptCheckpointError(
-            f"the file is truncated or malformed ({type(exc).__name__}: {exc})", path=path
+            f"the file is truncated or malformed ({brief(exc)})", path=path
         ) from exc
     except Exception as exc:
         note = _BUG_NOTE.format(path=path)

@@ -25,6 +25,7 @@ INT_REPR: dict[torch.dtype, torch.dtype] = {
 }
 
 _PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_affine_float_qparams)
+_COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
 
 
 def is_quantized(dtype: torch.dtype) -> bool:
@@ -67,6 +68,18 @@ def _per_tensor(params: tuple[Any, ...], dtype: torch.dtype,
         [0], scale=scale, zero_point=zero_point, dtype=dtype))
 
 
+def _check_dtypes(scales: torch.dtype, zero_points: torch.dtype) -> None:
+    """Per-channel scales are floats; zero points integers or floats (float qparams).
+
+    torch saves float-qparams tensors as ``per_channel_affine`` with floating-point zero
+    points. Integer scales (``int8``) would be read as values they are not: refused.
+    """
+    if not scales.is_floating_point or zero_points in (torch.bool, *_COMPLEX):
+        raise CorruptCheckpointError(
+            f"per-channel quantizer with scales of {scales} and zero points of {zero_points}; "
+            "torch keeps floating-point scales and integer or floating-point zero points")
+
+
 def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.dtype,
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
     if len(params) != 4 or not all(isinstance(p, TensorRef) for p in params[1:3]):
@@ -77,6 +90,7 @@ def _per_channel(params: tuple[Any, ...], shape: tuple[int, ...], dtype: torch.d
             p.meta.shape != (shape[axis],) for p in (scales, zero_points)):
         raise CorruptCheckpointError(
             f"per-channel quantizer does not fit a tensor of shape {shape} (axis {axis})")
+    _check_dtypes(scales.meta.dtype, zero_points.meta.dtype)
 
     def make(values: torch.Tensor) -> torch.Tensor:
         points = zero_points.read()

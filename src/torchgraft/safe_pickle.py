@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import quantized
-from .bounds import check_fits, check_length, check_shape
+from .bounds import check_fits, check_length, check_nesting, check_shape
 from .errors import (
     CorruptCheckpointError,
     UnsafeCheckpointError,
@@ -131,9 +131,14 @@ class TensorFactory(Protocol):
 MAX_GLOBALS = 4096
 #: Arguments kept in the record of a call; the rest are counted (:attr:`PickledObject.dropped`).
 MAX_ARGS = 64
-#: Records of unknown classes a pickle may create: this many, plus one per 256 of its bytes.
-#: Calls past it share one record per global (O(1) each); objects past it are refused.
+#: Records of unknown classes a pickle may create: this many, plus one per
+#: :data:`BYTES_PER_RECORD` of its bytes. Calls past it share one record per global (O(1)
+#: each); objects past it are refused.
 MIN_RECORDS = 16_384
+#: A DCP ``.metadata`` writes three records per chunk in about 120 bytes (a chunk's offsets
+#: and sizes, its index, its storage): 32 reads a checkpoint of any number of chunks, and a
+#: record (about 250 bytes) costs at most 8 times the bytes that made it.
+BYTES_PER_RECORD = 32
 #: The name every unknown global past :data:`MAX_GLOBALS` is recorded under.
 MORE_GLOBALS = "torchgraft.more_globals"
 
@@ -142,7 +147,7 @@ class _Budget:
     """How many records one unpickling may still create."""
 
     def __init__(self, size: int) -> None:
-        self.left = MIN_RECORDS + size // 256
+        self.left = MIN_RECORDS + size // BYTES_PER_RECORD
         self.summarised = 0
 
     def take(self, what: str, path: str | None) -> None:
@@ -165,6 +170,7 @@ class _InertMeta(type):
     _tg_shared: Any
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        _nesting(args, cls._tg_path)
         shared = cls._tg_shared
         if shared is not None:  # the budget is spent: O(1) per call from here on
             cls._tg_budget.summarised += 1
@@ -194,6 +200,19 @@ class _InertMeta(type):
         return target(*args, **kwargs)
 
 
+def _nesting(args: tuple[Any, ...], path: str | None) -> int:
+    """How deep a record of a call with ``args`` nests, refused past the shared bound.
+
+    A call's arguments are built before it, so a pickle nests calls of unknown globals
+    (``f(f(f(...)))``) with no recursion: each record's depth is counted as it is made (from
+    the arguments it keeps, :data:`MAX_ARGS`), and the whole tree is bounded once unpickled.
+    """
+    depth = 1 + max((a.depth for a in args[:MAX_ARGS] if isinstance(a, PickledObject)),
+                    default=0)
+    check_nesting(depth, what="the pickle's calls of unknown globals", path=path)
+    return depth
+
+
 def _instance(cls: Any, args: tuple[Any, ...]) -> Any:
     """An inert record of ``cls``, as NEWOBJ makes it: no code of the real class runs."""
     return cls.__new__(cls, *args)
@@ -214,9 +233,10 @@ class PickledObject(metaclass=_InertMeta):
         items: Entries set on it as a mapping (dict subclasses).
         list_items: Entries appended to it (list subclasses).
         dropped: Arguments past :data:`MAX_ARGS`, counted, not kept.
+        depth: How deeply records nest in its arguments (1: none).
     """
 
-    __slots__ = ("args", "called", "dropped", "items", "list_items", "state")
+    __slots__ = ("args", "called", "depth", "dropped", "items", "list_items", "state")
     _tg_global = "builtins.object"
     _tg_unsafe = False
     _tg_path: str | None = None
@@ -233,6 +253,7 @@ class PickledObject(metaclass=_InertMeta):
 
     def __init_record__(self, args: tuple[Any, ...], called: bool) -> None:
         """Fill an empty record (the first :data:`MAX_ARGS` arguments kept)."""
+        self.depth = _nesting(args, type(self)._tg_path)
         self.args = args[:MAX_ARGS]
         self.dropped = len(args) - len(self.args)
         self.called = called
@@ -242,6 +263,7 @@ class PickledObject(metaclass=_InertMeta):
 
     args: tuple[Any, ...]
     called: bool
+    depth: int
     dropped: int
     state: Any
     items: dict[Any, Any]
@@ -648,37 +670,62 @@ class _SafeUnpickler(pickle.Unpickler):
         return self._factory.persistent_load(pid)
 
 
-def _finish(obj: Any, seen: dict[int, Any]) -> Any:
-    """Replace numpy array records by lazy tensors, throughout the tree."""
-    key = id(obj)
-    if key in seen:
-        return seen[key]
-    if isinstance(obj, _NumpyArray):
-        array = obj.array
-        if array is None:
-            raise CorruptCheckpointError("a numpy array record without data")
-        ref = numpy_ref(array)
-        seen[key] = ref if ref is not None else array.tolist()
-        return seen[key]
-    if isinstance(obj, _NumpyDType):
-        return str(obj.dtype)
-    if isinstance(obj, dict):
-        seen[key] = obj
-        for k in list(obj):
-            obj[k] = _finish(obj[k], seen)
-    elif isinstance(obj, list):
-        seen[key] = obj
-        obj[:] = [_finish(v, seen) for v in obj]
-    elif type(obj) is tuple:
-        seen[key] = tuple(_finish(v, seen) for v in obj)
-    elif isinstance(obj, PickledObject):
-        seen[key] = obj
-        obj.state = _finish(obj.state, seen)
-        obj.args = tuple(_finish(v, seen) for v in obj.args)
-        for k in list(obj.items):
-            obj.items[k] = _finish(obj.items[k], seen)
-        obj.list_items[:] = [_finish(v, seen) for v in obj.list_items]
-    return seen.get(key, obj)
+class _Finish:
+    """One walk of an unpickled tree: numpy records become lazy tensors; nesting is bounded.
+
+    Unpickling builds nested containers and calls without recursion, so a pickle can nest
+    100,000 deep in a few hundred kilobytes. Here every path from the top, shared objects
+    included (the height of each object is kept), is bounded by
+    :data:`~torchgraft.bounds.MAX_NESTING`, so no later walk of the tree recurses deeper.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[int, Any] = {}
+        self.heights: dict[int, int] = {}
+
+    def __call__(self, obj: Any, depth: int = 1) -> Any:
+        key = id(obj)
+        if key in self.seen:
+            return self.seen[key]
+        if isinstance(obj, _NumpyArray):
+            array = obj.array
+            if array is None:
+                raise CorruptCheckpointError("a numpy array record without data")
+            ref = numpy_ref(array)
+            self.seen[key] = ref if ref is not None else array.tolist()
+            return self.seen[key]
+        if isinstance(obj, _NumpyDType):
+            return str(obj.dtype)
+        if not isinstance(obj, (dict, list, PickledObject)) and type(obj) is not tuple:
+            return obj
+        check_nesting(depth, what="the pickle's containers and calls")
+        tallest = 0
+
+        def child(value: Any) -> Any:
+            nonlocal tallest
+            out = self(value, depth + 1)
+            tallest = max(tallest, self.heights.get(id(value), 0))
+            return out
+
+        if isinstance(obj, dict):
+            self.seen[key] = obj
+            for k in list(obj):
+                obj[k] = child(obj[k])
+        elif isinstance(obj, list):
+            self.seen[key] = obj
+            obj[:] = [child(v) for v in obj]
+        elif isinstance(obj, tuple):
+            self.seen[key] = tuple(child(v) for v in obj)
+        else:
+            self.seen[key] = obj
+            obj.state = child(obj.state)
+            obj.args = tuple(child(v) for v in obj.args)
+            for k in list(obj.items):
+                obj.items[k] = child(obj.items[k])
+            obj.list_items[:] = [child(v) for v in obj.list_items]
+        self.heights[key] = tallest + 1
+        check_nesting(tallest + 1, what="the pickle's containers and calls")
+        return self.seen[key]
 
 
 def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool = False,
@@ -722,7 +769,7 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
             raise CorruptCheckpointError(f"the pickle is malformed ({type(exc).__name__}: "
                                          f"{exc})") from exc
         raw.seek(base + stream.tell())  # the caller reads on from the pickle's end
-        return _finish(obj, {})
+        return _Finish()(obj)
 
 
 #: The most bytes from a pickle's start to its file's end that are read into memory at once.

@@ -16,13 +16,14 @@ import torch
 from torch import nn
 
 from .atomic import alive, atomic_dir, atomic_path, clean_stale
-from .bounds import MAX_INDEX_BYTES, read_json
+from .bounds import MAX_INDEX_BYTES
 from .errors import CheckpointWriteError, TorchgraftError
 from .graft.layout_of import LayoutOf, in_layout_of
 from .graft.layouts.experts import per_expert
 from .graft.layouts.rules import RulesSpec
 from .graft.sides.source import open_source
 from .io import Format, WriteJob, formats
+from .io.contain import read_json
 from .meta import parse_dtype
 
 __all__ = ["parse_size", "resolve_format", "save", "write_job"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torchgraft as tg
 from tests import hub_cache
 from tests.helpers import assert_same_state
 from torchgraft.cli.main import main
-from torchgraft.io.contain import contained
+from torchgraft.io.contain import check_regular, contained, open_regular, read_contained
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
@@ -190,3 +191,118 @@ def test_cli_refuses_with_exit_2_and_follows_with_the_flag(
     assert "--follow-links" in capsys.readouterr().err
     assert main(["inspect", "--follow-links", "--json", str(folder)]) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "safetensors"
+
+
+def test_a_part_folder_linking_to_itself_is_a_clean_error(tmp_path: Path) -> None:
+    folder = tmp_path / "ldm"
+    shutil.copytree(FIXTURES / "diffusers" / "ldm", folder)
+    assert_same_state(tg.load(folder), tg.load(FIXTURES / "diffusers" / "ldm"))  # the control
+    shutil.rmtree(folder / "unet")
+    (folder / "unet").symlink_to("unet")  # a loop: a raw RuntimeError('Symlink loop') before
+    for follow_links in (False, True):
+        with pytest.raises(tg.CorruptCheckpointError, match=r"unet.*link loop"):
+            tg.load(folder, follow_links=follow_links)
+
+
+def _sidecar(folder: Path, **options: object) -> bytes:
+    return read_contained(folder, "config.json", named_by=folder, what="config.json",
+                          limit=100, **options)  # type: ignore[arg-type]
+
+
+def test_read_contained_reads_a_small_regular_file_inside(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert _sidecar(tmp_path) == b"{}"
+    (tmp_path / "config.json").write_text("x" * 101)
+    with pytest.raises(tg.CorruptCheckpointError, match="larger than the 100 bytes"):
+        _sidecar(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(tg.CheckpointNotFoundError, match="config.json 'config.json' is missing"):
+        _sidecar(tmp_path)
+
+
+def test_read_contained_refuses_links_out_unless_followed(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "secret").write_text("{}")
+    (folder / "config.json").symlink_to(tmp_path / "secret")
+    with pytest.raises(tg.OutsideCheckpointError, match="follow_links=True"):
+        _sidecar(folder)
+    assert _sidecar(folder, follow_links=True) == b"{}"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_special_files_are_refused_before_they_are_opened(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would block until a writer comes
+    elif kind == "device":
+        path.symlink_to("/dev/zero")  # an endless file, followed (follow_links)
+    else:
+        path.mkdir()
+    name = {"fifo": "a FIFO", "device": "a character device", "folder": "a folder"}[kind]
+    with pytest.raises(tg.UnsupportedCheckpointError, match=f"not a regular file but {name}"):
+        _sidecar(tmp_path, follow_links=True)
+    with pytest.raises(tg.UnsupportedCheckpointError):
+        check_regular(path)
+    if kind != "folder":
+        with pytest.raises(tg.UnsupportedCheckpointError):
+            open_regular(path)
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A Hub cache written by huggingface_hub, as the one the library looks in: (repo, state)."""
+    pytest.importorskip("huggingface_hub")
+    snapshot, state = _hub_sharded(tmp_path / "hub")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_same_state(tg.load("org/name"), state, ordered=False)  # the control
+    return snapshot.parent.parent, state
+
+
+def _evil(tmp_path: Path) -> Path:
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    save_file({"layer0.weight": torch.zeros(64, 32)}, evil / "model.safetensors")
+    return evil
+
+
+@pytest.mark.parametrize("ref", ["../../../evil", "ABSOLUTE", "main", ""])
+def test_a_hub_ref_naming_no_commit_is_refused(hub: tuple[Path, dict[str, torch.Tensor]],
+                                               tmp_path: Path, ref: str) -> None:
+    repo, _ = hub
+    evil = _evil(tmp_path)
+    (repo / "refs" / "main").write_text(str(evil) if ref == "ABSOLUTE" else ref)
+    with pytest.raises(tg.CorruptCheckpointError, match="refs/main holds .* not a commit hash"):
+        tg.load("org/name")
+
+
+@pytest.mark.timeout(30)
+def test_a_hub_ref_that_is_a_fifo_or_links_out_is_not_read(
+        hub: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    repo, state = hub
+    commit = (repo / "refs" / "main").read_text()
+    (repo / "refs" / "main").unlink()
+    os.mkfifo(repo / "refs" / "main")
+    with pytest.raises(tg.UnsupportedCheckpointError, match="a FIFO"):
+        tg.load("org/name")
+    (repo / "refs" / "main").unlink()
+    (tmp_path / "ref").write_text(commit)
+    (repo / "refs" / "main").symlink_to(tmp_path / "ref")
+    with pytest.raises(tg.OutsideCheckpointError, match="refs/main"):
+        tg.load("org/name")
+    assert_same_state(tg.load(f"org/name@{commit}"), state, ordered=False)
+
+
+def test_a_hub_snapshot_that_links_out_is_refused(hub: tuple[Path, dict[str, torch.Tensor]],
+                                                  tmp_path: Path) -> None:
+    repo, _ = hub
+    snapshot = repo / "snapshots" / hub_cache.COMMIT
+    shutil.rmtree(snapshot)
+    snapshot.symlink_to(_evil(tmp_path))
+    for spelled in ("org/name", f"org/name@{hub_cache.COMMIT}"):
+        with pytest.raises(tg.OutsideCheckpointError, match="Hub cache snapshot"):
+            tg.load(spelled)
+    loaded = tg.load("org/name", follow_links=True)  # the user trusts where it leads
+    assert torch.equal(loaded["layer0.weight"], torch.zeros(64, 32))

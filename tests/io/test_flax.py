@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.helpers import assert_scales_linearly, cpu_seconds
 from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
+from torchgraft.bounds import MAX_NESTING
 from torchgraft.errors import CorruptCheckpointError, TorchgraftError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "flax"
@@ -124,3 +126,53 @@ def test_truncated_file_is_an_error(tmp_path: Path) -> None:
     for cut in (5, len(data) // 2, len(data) - 1):
         with pytest.raises(TorchgraftError):
             tg.load(_write(tmp_path, data[:cut]))
+
+
+def _to_bytes(tree: dict[str, object]) -> bytes:
+    """What ``flax.serialization.to_bytes`` writes, by the msgpack library (flax's encoder):
+    each array an extension of type 1 holding ``(shape, dtype name, bytes)``."""
+    msgpack = pytest.importorskip("msgpack")
+
+    def pack(value: object) -> object:
+        if isinstance(value, np.ndarray):
+            return msgpack.ExtType(1, msgpack.packb(
+                (value.shape, value.dtype.name, value.tobytes("C")), use_bin_type=True))
+        raise TypeError(type(value))
+
+    packed: bytes = msgpack.packb(tree, default=pack, strict_types=True)
+    return packed
+
+
+def _many_modules(count: int) -> dict[str, object]:
+    """``count`` modules, each with a two-dimensional bias (what a stacked layer has) and a
+    kernel of another leading size: every bias looks for a stack, and none is one."""
+    return {"params": {f"block_{i}": {"proj": {"bias": np.full((2, 3), i, np.float32),
+                                               "kernel": np.zeros((3, 3), np.float32)}}
+                       for i in range(count)}}
+
+
+def test_many_leaves_are_walked_in_linear_time(tmp_path: Path) -> None:
+    def seconds(count: int) -> float:
+        path = tmp_path / f"many{count}.msgpack"
+        path.write_bytes(_to_bytes(_many_modules(count)))
+        return cpu_seconds(lambda: tg.open(path).close())
+
+    assert_scales_linearly(seconds, 400)
+    with tg.open(tmp_path / "many400.msgpack") as ckpt:  # nothing taken for a stack
+        assert ckpt.extras["__metadata__"]["scan_stacked"] == {}
+        assert torch.equal(ckpt["block_7.proj.bias"], torch.full((2, 3), 7.0))
+
+
+def _nested(depth: int) -> dict[str, object]:
+    tree: dict[str, object] = {"kernel": np.zeros((2, 2), np.float32)}
+    for _ in range(depth):
+        tree = {"a": tree}
+    return tree
+
+
+def test_a_nesting_bomb_names_the_shared_bound(tmp_path: Path) -> None:
+    path = _write(tmp_path, _to_bytes(_nested(MAX_NESTING - 10)))
+    assert len(tg.load(path)) == 1  # the control: deep, inside the bound
+    path = _write(tmp_path, _to_bytes(_nested(MAX_NESTING + 1)))
+    with pytest.raises(CorruptCheckpointError, match=f"nest deeper than {MAX_NESTING}"):
+        tg.open(path)

@@ -13,7 +13,8 @@ from torch import nn
 
 import torchgraft as tg
 from tests.io.framework_twins import AttentionTwin, assert_bert_grafts
-from torchgraft.errors import CorruptCheckpointError, TorchgraftError
+from torchgraft.bounds import MAX_NESTING
+from torchgraft.errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
 
 h5py = pytest.importorskip("h5py")
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "frameworks" / "keras"
@@ -139,7 +140,7 @@ def test_nesting_bomb_is_an_error_in_bounded_time(tmp_path: Path) -> None:
     path = tmp_path / "deep.weights.h5"
     with h5py.File(path, "w") as f:
         group = f.create_group("layers")
-        for i in range(40):
+        for i in range(MAX_NESTING + 5):
             group = group.create_group(f"g{i}")
             group.create_group("vars").create_dataset("0", data=np.zeros(2, np.float32))
     start = time.monotonic()
@@ -165,3 +166,51 @@ def test_truncated_files_are_errors(tmp_path: Path) -> None:
         path.write_bytes(data[:len(data) - 4000])
         with pytest.raises(TorchgraftError):
             tg.load(path)
+
+
+def _dense(path: Path, **storage: object) -> np.ndarray:
+    """A Keras 3 weights file of one Dense layer, written by h5py; its kernel stored as asked."""
+    kernel = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with h5py.File(path, "w") as f:
+        variables = f.create_group("layers").create_group("dense").create_group("vars")
+        if storage:
+            variables.create_dataset("0", shape=kernel.shape, dtype=kernel.dtype, **storage)
+        else:
+            variables.create_dataset("0", data=kernel)
+    return kernel
+
+
+def test_hdf5_external_storage_is_refused_never_read(tmp_path: Path) -> None:
+    control = tmp_path / "own.weights.h5"
+    kernel = _dense(control)
+    assert torch.equal(tg.load(control)["dense.weight"], torch.from_numpy(kernel.T.copy()))
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(kernel.tobytes())  # what h5py would read: another file's bytes
+    path = tmp_path / "external.weights.h5"
+    _dense(path, external=[(str(secret), 0, kernel.nbytes)])
+    with h5py.File(path, "r") as f:  # the file really points there, and h5py reads it
+        assert f["layers/dense/vars/0"].external
+        assert np.array_equal(f["layers/dense/vars/0"][()], kernel)
+    with pytest.raises(UnsupportedCheckpointError, match="HDF5 external storage"):
+        tg.open(path)
+    with pytest.raises(UnsupportedCheckpointError, match="another file"):
+        tg.load(path)
+
+
+def test_a_virtual_dataset_or_an_external_link_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.h5"
+    kernel = np.ones((2, 3), np.float32)
+    with h5py.File(other, "w") as f:
+        f.create_dataset("kernel", data=kernel)
+    virtual = tmp_path / "virtual.weights.h5"
+    layout = h5py.VirtualLayout(shape=(2, 3), dtype=np.float32)
+    layout[:] = h5py.VirtualSource(str(other), "kernel", shape=(2, 3))
+    with h5py.File(virtual, "w") as f:
+        f.create_group("layers/dense/vars").create_virtual_dataset("0", layout)
+    with pytest.raises(UnsupportedCheckpointError, match="virtual dataset"):
+        tg.open(virtual)
+    linked = tmp_path / "linked.weights.h5"
+    with h5py.File(linked, "w") as f:
+        f.create_group("layers/dense")["vars"] = h5py.ExternalLink(str(other), "/")
+    with pytest.raises(UnsupportedCheckpointError, match="link into another file"):
+        tg.open(linked)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -155,6 +156,45 @@ def test_a_wrong_claim_is_an_error_never_other_values(
     with pytest.raises(error, match=match):
         tg.open(_copy(tmp_path, quantization, MODES_FOLDER))
 
+
+
+@pytest.mark.parametrize("group_size", [0, -32, 7])
+def test_a_group_size_mlx_cannot_have_is_an_error_not_a_crash(tmp_path: Path,
+                                                             group_size: int) -> None:
+    folder = _copy(tmp_path, {"group_size": group_size, "bits": 4})
+    with pytest.raises(CorruptCheckpointError, match=f"group_size {group_size}"
+                       if group_size <= 0 else "do not fit"):
+        tg.open(folder)  # group_size 0 was a ZeroDivisionError, reported as a bug
+
+
+def test_bits_that_are_a_boolean_are_no_mlx_claim(tmp_path: Path) -> None:
+    with tg.open(_copy(tmp_path, {"group_size": 64, "bits": True})) as ckpt:
+        assert ckpt.format != "mlx"
+
+
+def _own_claim() -> object:
+    return json.loads((FOLDER / "config.json").read_text())["quantization"]
+
+
+def test_a_config_linking_out_of_the_folder_is_refused_unless_followed(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, _own_claim())
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(folder / "config.json", outside)
+    (folder / "config.json").symlink_to(outside)
+    with pytest.raises(tg.OutsideCheckpointError, match="config.json"):
+        tg.open(folder)
+    with tg.open(folder, follow_links=True) as ckpt:  # the user trusts where it leads
+        assert ckpt.format == "mlx"
+
+
+@pytest.mark.timeout(30)
+def test_a_config_that_is_a_fifo_is_never_opened(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, _own_claim())
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    with tg.open(folder) as ckpt:  # not an mlx-lm folder that can be read: packed, as stored
+        assert ckpt.format != "mlx"
+        assert ckpt["lm_head.weight"].dtype == torch.uint32
 
 
 def test_a_truncated_shard_or_a_config_bomb_is_an_error_in_bounded_time(tmp_path: Path) -> None:

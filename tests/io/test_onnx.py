@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.helpers import assert_scales_linearly, cpu_seconds
+from torchgraft.bounds import MAX_NESTING
 from torchgraft.errors import CorruptCheckpointError, OutsideCheckpointError, TorchgraftError
 
 onnx = pytest.importorskip("onnx")
@@ -320,6 +322,41 @@ def test_a_nesting_bomb_of_subgraphs_is_refused_in_bounded_time(tmp_path: Path) 
     bomb = tmp_path / "bomb.onnx"
     bomb.write_bytes(b"\x08\x08" + _field(7, _field(1, node)))
     start = time.monotonic()
-    with pytest.raises(CorruptCheckpointError, match=r"nest deeper than 16"):
+    with pytest.raises(CorruptCheckpointError, match=f"nest deeper than {MAX_NESTING}"):
         tg.open(bomb)
     assert time.monotonic() - start < 2
+
+
+def _identity_chain(path: Path, count: int, *, role: str = "Relu") -> None:
+    """A graph of ``count`` initializers, each entering one Identity chain (onnx.helper)."""
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    initializers, nodes, previous = [], [], "x"
+    for k in range(count):
+        initializers.append(numpy_helper.from_array(np.full((1,), k, np.float32), f"w{k}"))
+        nodes.append(helper.make_node("Identity", [previous, f"w{k}"], [f"c{k}"],
+                                      name=f"/chain/Identity_{k}"))
+        previous = f"c{k}"
+    nodes.append(helper.make_node(role, [previous, "x"][:2 if role == "Add" else 1], ["y"],
+                                  name="/out/" + role))
+    value = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", value, [1])],
+                              [helper.make_tensor_value_info("y", value, [1])],
+                              initializer=initializers)
+    onnx.save(helper.make_model(graph), str(path))
+
+
+def test_identity_chains_are_walked_in_linear_time(tmp_path: Path) -> None:
+    def seconds(count: int) -> float:
+        path = tmp_path / f"chain{count}.onnx"
+        _identity_chain(path, count)  # every walk from an initializer ran to the chain's end
+        return cpu_seconds(lambda: tg.open(path).close())
+
+    assert_scales_linearly(seconds, 1500)
+
+
+def test_a_weight_used_through_an_identity_copy_is_named_by_its_use(tmp_path: Path) -> None:
+    path = tmp_path / "copy.onnx"
+    _identity_chain(path, 1, role="Add")  # w0 -> Identity -> c0 -> /out/Add (slot 0: a bias)
+    with tg.open(path) as ckpt:
+        assert ckpt.keys() == ["out.bias"]
+        assert ckpt.extras["__metadata__"]["renamed_from_graph"] == {"out.bias": "w0"}

@@ -4,6 +4,7 @@ orbax), read with tensorstore and grafted into PyTorch twins without JAX."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -23,6 +24,7 @@ from torchgraft.errors import (
     MissingDependencyError,
     OutsideCheckpointError,
     TorchgraftError,
+    UnsupportedCheckpointError,
 )
 from torchgraft.io import ReadOptions, open_contents
 
@@ -165,3 +167,41 @@ def test_without_tensorstore_the_error_says_how_to_install(monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "tensorstore", None)
     with pytest.raises(MissingDependencyError, match="tensorstore"):
         tg.open(FIXTURES / "cnn")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("fixture", "part"), [
+    ("attention", "params.head.bias/0"), ("attention", "params.head.bias/.zarray"),
+    ("cnn", "manifest.ocdbt"), ("cnn", "DATA"), ("cnn", "_METADATA")])
+def test_a_special_file_in_the_folder_is_refused_before_tensorstore_opens_it(
+        tmp_path: Path, fixture: str, part: str) -> None:
+    folder = _copy(tmp_path, fixture)
+    assert tg.load(folder)  # the control
+    path = next((folder / "d").iterdir()) if part == "DATA" else folder / part
+    path.unlink()
+    os.mkfifo(path)  # tensorstore would open it and wait for a writer, forever
+    if part == "_METADATA":  # never opened: not an Orbax item without it
+        with pytest.raises(CheckpointNotFoundError, match="without _METADATA"):
+            tg.open(folder)
+        return
+    with pytest.raises(UnsupportedCheckpointError, match="FIFO"):
+        tg.open(folder)
+
+
+def test_a_link_to_a_device_is_refused_even_when_links_are_followed(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, "attention")
+    chunk = folder / "params.head.bias" / "0"
+    chunk.unlink()
+    chunk.symlink_to("/dev/zero")
+    with pytest.raises(UnsupportedCheckpointError, match="a character device"):
+        tg.open(folder, follow_links=True)
+
+
+def test_metadata_linking_out_is_refused_unless_followed(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, "cnn")
+    moved = tmp_path / "moved"
+    shutil.move(folder / "_METADATA", moved)
+    (folder / "_METADATA").symlink_to(moved)
+    with pytest.raises(OutsideCheckpointError, match="_METADATA"):
+        tg.open(folder)
+    assert tg.load(folder, follow_links=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..bounds import MAX_INDEX_BYTES, read_json
+from ..bounds import MAX_INDEX_BYTES, parse_json
 from ..containers import select_weights
 from ..errors import (
     CorruptCheckpointError,
@@ -25,7 +25,7 @@ from ..errors import (
     TorchgraftError,
 )
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import contained, read_contained
 from .registry import checkpoint_in, open_contents
 
 __all__ = ["FORMAT", "MAX_COMPONENTS"]
@@ -39,11 +39,12 @@ def _claims(path: Path) -> bool:
     return any((path / name).is_file() for name in _INDEXES)
 
 
-def _index(path: Path) -> tuple[str, Any]:
+def _index(path: Path, options: ReadOptions) -> tuple[str, Any]:
     for name, kind in _INDEXES.items():
-        index = path / name
-        if index.is_file():
-            return kind, read_json(index, limit=MAX_INDEX_BYTES, what=name)
+        if (path / name).is_file():
+            data = read_contained(path, name, named_by=path, what=name, limit=MAX_INDEX_BYTES,
+                                  follow_links=options.follow_links)
+            return kind, parse_json(data, what=name, path=path / name)
     raise CorruptCheckpointError("no model_index.json or modules.json", path=path)
 
 
@@ -98,7 +99,7 @@ def _open_part(path: Path, folder: str, options: ReadOptions) -> Contents | None
 
 
 def _open(path: Path, options: ReadOptions) -> Contents:
-    kind, index = _index(path)
+    kind, index = _index(path, options)
     parts = _parts(kind, index, path)
     if options.component is not None:
         if options.component not in parts:

@@ -18,6 +18,11 @@ module is a second weight set (``weights_key="module"``). Buffers come from the 
 to fp32 as ``zero_to_fp32`` does; frozen parameters from their saved fragments; shared
 parameters are aliases. A tag folder, or its parent with ``latest``, opens; a lone
 ``mp_rank_00_model_states.pt`` is a torch file (its ``module``).
+
+What the files claim is checked against each other and against the bytes before anything is
+read (:func:`_claims_checked`): the number of ranks, the partitions' dtype (fp32, as
+DeepSpeed keeps master weights), the paddings, and every parameter's shape against the
+elements its partitions or fragments hold.
 """
 
 from __future__ import annotations
@@ -31,11 +36,12 @@ from typing import Any
 
 import torch
 
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..bounds import MAX_RANKS, check_shape
+from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import contained, read_contained
 from .registry import open_contents
 
 __all__ = ["FORMAT"]
@@ -44,8 +50,7 @@ _MODEL = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 _OPTIM = re.compile(r"^(?:\w+_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 #: A ``latest`` file names a tag: a short folder name.
 _TAG = re.compile(r"^[\w.\-]{1,200}$")
-#: More ranks than this is not a checkpoint this reader merges.
-MAX_RANKS = 4096
+_MAX_LATEST = 256
 
 
 def _tag_folder(path: Path, *, follow_links: bool = False) -> Path | None:
@@ -55,23 +60,21 @@ def _tag_folder(path: Path, *, follow_links: bool = False) -> Path | None:
     """
     if any(_MODEL.match(p.name) for p in path.iterdir() if p.is_file()):
         return path
-    latest = path / "latest"
-    if latest.is_file():
-        contained(path, latest.name, named_by=path, what="'latest' file",
-                  follow_links=follow_links)
-        if latest.stat().st_size > 256:
-            return None
-        tag = latest.read_text(errors="replace").strip()
-        if _TAG.match(tag) and tag not in (".", "..") and (path / tag).is_dir():
-            return contained(path, tag, named_by=latest, what="tag folder",
-                             follow_links=follow_links)
+    if not (path / "latest").is_file():
+        return None
+    latest = read_contained(path, "latest", named_by=path, what="'latest' file",
+                            limit=_MAX_LATEST, follow_links=follow_links)
+    tag = latest.decode("utf-8", "replace").strip()
+    if _TAG.match(tag) and tag not in (".", "..") and (path / tag).is_dir():
+        return contained(path, tag, named_by=path / "latest", what="tag folder",
+                         follow_links=follow_links)
     return None
 
 
 def _claims(path: Path) -> bool:
     try:
         return _tag_folder(path, follow_links=True) is not None
-    except OSError:
+    except (OSError, TorchgraftError):
         return False
 
 
@@ -110,10 +113,22 @@ def _zero_stage(value: Any) -> int:
 def _shape(value: Any, name: str) -> tuple[int, ...]:
     if isinstance(value, PickledObject) and value.called and len(value.args) == 1:
         value = value.args[0]  # torch.Size as pickled by an old torch
-    if not isinstance(value, (tuple, list)) or len(value) > 64 or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise CorruptCheckpointError(f"parameter '{name}' has a malformed shape")
-    return tuple(value)
+    return check_shape(value, what=f"parameter '{name}'")
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(state: dict[str, Any], key: str) -> dict[Any, Any]:
+    """A record that must be a mapping when present (``frozen_param_fragments``...)."""
+    value = state.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(f"the model states' {key} is {type(value).__name__}, not "
+                                     "a mapping")
+    return value
 
 
 def _flat(parts: Sequence[TensorRef], start: int, count: int) -> torch.Tensor:
@@ -131,20 +146,20 @@ def _flat(parts: Sequence[TensorRef], start: int, count: int) -> torch.Tensor:
 
 def _ref(shape: tuple[int, ...], device: str, read: Callable[[], torch.Tensor],
          key: object) -> TensorRef:
-    # fp32, as promised: a partition saved as another dtype (int64, bool, bf16) is cast
-    return TensorRef(TensorMeta.of(shape, torch.float32, device),
-                     lambda: read().view(shape).to(torch.float32), alias_key=("deepspeed", key))
+    """An fp32 weight; ``read`` gives its elements in fp32 (checked or cast before)."""
+    return TensorRef(TensorMeta.of(shape, torch.float32, device), lambda: read().view(shape),
+                     alias_key=("deepspeed", key))
 
 
 def _merge_zero12(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[TensorRef]],
-                  paddings: Any, device: str) -> dict[str, TensorRef]:
+                  paddings: list[list[int]], device: str) -> dict[str, TensorRef]:
     """Stages 1 and 2: each group's vector is the ranks' slices end to end."""
     ranks = len(groups)
     out: dict[str, TensorRef] = {}
     for index, params in enumerate(shapes):
         parts = [groups[r][index] for r in range(ranks)]
         available = sum(p.meta.numel for p in parts)
-        pads = paddings[index] if isinstance(paddings, list) and index < len(paddings) else None
+        pads = paddings[index] if index < len(paddings) else []
         offset = 0
         for k, (name, shape) in enumerate(params.items()):
             numel = math.prod(shape)
@@ -154,7 +169,7 @@ def _merge_zero12(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Te
                 return _flat(parts, start, count)
 
             out[name] = _ref(shape, device, read, (index, offset))
-            offset += numel + (int(pads[k]) if isinstance(pads, list) and k < len(pads) else 0)
+            offset += numel + (pads[k] if k < len(pads) else 0)
         aligned = 2 * ranks * math.ceil(offset / (2 * ranks))
         if offset > available or aligned != 2 * ranks * math.ceil(available / (2 * ranks)):
             raise CorruptCheckpointError(
@@ -187,16 +202,32 @@ def _merge_zero3(shapes: list[dict[str, tuple[int, ...]]], groups: list[list[Ten
 
 
 def _frozen(states: list[dict[str, Any]], stage: int, device: str) -> dict[str, TensorRef]:
-    shapes = states[0].get("frozen_param_shapes") or {}
+    """Frozen parameters, each from its saved fragments, checked against its shape.
+
+    A fragment is the whole tensor (stages 1 and 2) or ``ceil(numel / ranks)`` elements per
+    rank (stage 3), in a floating dtype.
+    """
+    shapes = _mapping(states[0], "frozen_param_shapes")
+    ranks = len(states)
     out: dict[str, TensorRef] = {}
     for name, raw in shapes.items():
         shape = _shape(raw, str(name))
-        fragments = [(s.get("frozen_param_fragments") or {}).get(name) for s in states]
-        if not all(isinstance(f, TensorRef) for f in fragments):
+        numel = math.prod(shape)
+        fragments = [_mapping(s, "frozen_param_fragments").get(name) for s in states]
+        parts = [f for f in (fragments if stage == 3 else fragments[:1])
+                 if isinstance(f, TensorRef)]
+        share = math.ceil(numel / ranks) if stage == 3 else numel
+        if len(parts) != (ranks if stage == 3 else 1):
             raise CorruptCheckpointError(f"frozen parameter '{name}' has no saved fragment")
-        parts = fragments if stage == 3 else fragments[:1]
+        for part in parts:
+            if part.meta.numel != share or not part.meta.dtype.is_floating_point:
+                raise CorruptCheckpointError(
+                    f"frozen parameter '{name}' of shape {shape} needs {share} floating-point "
+                    f"elements per fragment; a fragment holds {part.meta.numel} of "
+                    f"{part.meta.dtype}: the model states lie about its shape or are of "
+                    "another run")
 
-        def read(parts: list[Any] = parts, numel: int = math.prod(shape)) -> torch.Tensor:
+        def read(parts: list[TensorRef] = parts, numel: int = numel) -> torch.Tensor:
             return _flat(parts, 0, numel).float()
 
         out[str(name)] = _ref(shape, device, read, ("frozen", name))
@@ -204,15 +235,18 @@ def _frozen(states: list[dict[str, Any]], stage: int, device: str) -> dict[str, 
 
 
 def _buffers(state: dict[str, Any]) -> dict[str, TensorRef]:
-    module = state.get("module") or {}
+    module = _mapping(state, "module")
+    names = state.get("buffer_names") or []
+    if not isinstance(names, list):
+        raise CorruptCheckpointError("the model states' buffer_names is not a list")
     out = {}
-    for name in state.get("buffer_names") or []:
-        ref = module.get(name)
+    for name in names:
+        ref = module.get(name) if isinstance(name, str) else None
         if isinstance(ref, TensorRef):
             if ref.meta.dtype.is_floating_point and ref.meta.dtype != torch.float32:
                 ref = _ref(ref.meta.shape, ref.meta.device, functools.partial(_float, ref),
                            ("buffer", name))
-            out[str(name)] = ref
+            out[name] = ref
     return out
 
 
@@ -220,34 +254,78 @@ def _float(ref: TensorRef) -> torch.Tensor:
     return ref.read().float()
 
 
-def _merge(states: list[dict[str, Any]], optims: list[dict[str, Any]]) -> dict[str, TensorRef]:
+def _rank_count(value: Any, files: int) -> None:
+    """``partition_count``: the ranks, one number or one per parameter group (stages 1, 2)."""
+    counts = value if isinstance(value, list) else [value]
+    if not counts or not all(_integer(c) for c in counts):
+        raise CorruptCheckpointError(f"the optimizer's partition_count is {value!r:.60}, not a "
+                                     "number of ranks")
+    if max(counts) != files:
+        raise CorruptCheckpointError(f"the optimizer says {max(counts)} ranks, the folder has "
+                                     f"{files} rank files")
+
+
+def _partitions(optims: list[dict[str, Any]], key: str) -> list[list[TensorRef]]:
+    """Each rank's fp32 partitions, one per parameter group; fp32 is what they must hold."""
+    checked: list[list[TensorRef]] = []
+    for group in (o.get(key) for o in optims):
+        if not isinstance(group, list) or not group or not all(
+                isinstance(t, TensorRef) for t in group) or len(group) != len(
+                    checked[0] if checked else group):
+            raise CorruptCheckpointError(f"the optimizer files lack their fp32 partitions ({key})")
+        checked.append(group)
+    for rank, group in enumerate(checked):
+        for index, part in enumerate(group):
+            if part.meta.dtype != torch.float32:
+                raise CorruptCheckpointError(
+                    f"rank {rank}'s {key}[{index}] is stored as {part.meta.dtype}, where "
+                    "DeepSpeed keeps its fp32 master weights: the file lies about their dtype")
+    return checked
+
+
+def _paddings(value: Any, groups: int) -> list[list[int]]:
+    """``param_alignment_paddings``: per group, per parameter, elements of padding."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > groups or not all(
+            isinstance(p, list) and all(_integer(n) and n >= 0 for n in p) for p in value):
+        raise CorruptCheckpointError(f"param_alignment_paddings is {value!r:.60}, not lists of "
+                                     "element counts, one per parameter group")
+    return value
+
+
+def _claims_checked(states: list[dict[str, Any]], optims: list[dict[str, Any]]
+                    ) -> tuple[int, list[dict[str, tuple[int, ...]]], list[list[TensorRef]]]:
+    """What the rank files claim, checked against each other.
+
+    Returns:
+        The stage, the parameters' shapes per group, each rank's fp32 partitions.
+    """
     stage = _zero_stage(optims[0].get("zero_stage"))
-    count = optims[0].get("partition_count")
-    count = max(count) if isinstance(count, list) and count else count
-    if count != len(optims):
-        raise CorruptCheckpointError(f"the optimizer says {count} ranks, the folder has "
-                                     f"{len(optims)} rank files")
-    key = "single_partition_of_fp32_groups" if stage <= 2 else "fp32_flat_groups"
-    groups = [o.get(key) for o in optims]
-    if not all(isinstance(g, list) and g and all(isinstance(t, TensorRef) for t in g)
-               for g in groups) or len({len(g) for g in groups}) != 1:  # type: ignore[arg-type]
-        raise CorruptCheckpointError(f"the optimizer files lack their fp32 partitions ({key})")
+    _rank_count(optims[0].get("partition_count"), len(optims))
+    groups = _partitions(optims, "single_partition_of_fp32_groups" if stage <= 2
+                         else "fp32_flat_groups")
     raw_shapes = states[0].get("param_shapes")
     if not isinstance(raw_shapes, list) or not all(isinstance(d, dict) for d in raw_shapes):
         raise CorruptCheckpointError("the model states lack param_shapes")
     shapes = [{str(n): _shape(s, str(n)) for n, s in d.items()} for d in raw_shapes]
-    device = groups[0][0].meta.device  # type: ignore[index]
+    if stage <= 2 and len(shapes) != len(groups[0]):
+        raise CorruptCheckpointError("parameter groups and partitions do not match")
+    return stage, shapes, groups
+
+
+def _merge(states: list[dict[str, Any]], optims: list[dict[str, Any]]) -> dict[str, TensorRef]:
+    stage, shapes, groups = _claims_checked(states, optims)
+    device = groups[0][0].meta.device
     weights = _buffers(states[0])
     weights.update(_frozen(states, stage, device))
     if stage <= 2:
-        if len(shapes) != len(groups[0]):  # type: ignore[arg-type]
-            raise CorruptCheckpointError("parameter groups and partitions do not match")
-        weights.update(_merge_zero12(shapes, groups,  # type: ignore[arg-type]
-                                     optims[0].get("param_alignment_paddings"), device))
+        paddings = _paddings(optims[0].get("param_alignment_paddings"), len(shapes))
+        weights.update(_merge_zero12(shapes, groups, paddings, device))
     else:
-        weights.update(_merge_zero3(shapes, groups, device))  # type: ignore[arg-type]
-    for name, owner in (states[0].get("shared_params") or {}).items():
-        if owner in weights:
+        weights.update(_merge_zero3(shapes, groups, device))
+    for name, owner in _mapping(states[0], "shared_params").items():
+        if isinstance(owner, str) and owner in weights:
             weights[str(name)] = weights[owner]
     return weights
 

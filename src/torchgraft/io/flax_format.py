@@ -4,9 +4,10 @@
 
 Flax writes the variables' tree as msgpack maps, each array as an extension (code 1) holding a
 msgpack ``(shape, dtype name, bytes)``; arrays over 1 GiB are split into a
-``__msgpack_chunked_array__`` map of flat chunks. The parser here walks the tree to a fixed
-depth, checks every length against the bytes left, and only locates array bytes: they are
-memory-mapped on read.
+``__msgpack_chunked_array__`` map of flat chunks. The parser here walks the tree at most
+:data:`~torchgraft.bounds.MAX_NESTING` deep, checks every length against the bytes left, and
+only locates array bytes: they are memory-mapped on read. Every later walk of the leaves is
+linear in their number.
 
 Names and layouts become PyTorch's by a table (:data:`LEAVES`): Dense ``kernel [in, out]``,
 Conv ``kernel HWIO``, ``scale``/``bias`` norms, ``embedding``, BatchNorm ``mean``/``var`` (in
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..bounds import check_nesting
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions
@@ -37,7 +39,6 @@ from .source import FileSource, plain_ref
 
 __all__ = ["FORMAT", "LEAVES", "flax_key", "flax_tree"]
 
-_MAX_DEPTH = 64
 _MAX_NODES = 10_000_000
 _NDARRAY, _NPSCALAR = 1, 3
 _CHUNKED = "__msgpack_chunked_array__"
@@ -104,9 +105,9 @@ class _Parser:
 
     def value(self, depth: int = 0) -> Any:
         self.nodes += 1
-        if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
-            raise CorruptCheckpointError(f"the msgpack tree nests deeper than {_MAX_DEPTH} or "
-                                         f"holds more than {_MAX_NODES} values",
+        check_nesting(depth, what="msgpack maps and arrays", path=self.source.name)
+        if self.nodes > _MAX_NODES:
+            raise CorruptCheckpointError(f"the msgpack tree holds more than {_MAX_NODES} values",
                                          path=self.source.name)
         first = self._take(1, "a msgpack value")[0]
         if first <= 0x7F or first >= 0xE0:
@@ -259,6 +260,24 @@ def _leaves(node: Any, path: tuple[str, ...], out: dict[tuple[str, ...], Any]) -
         out[path] = node
 
 
+def _leading_sizes(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, ...], int]:
+    """Each module path to the leading size every leaf under it shares (absent: none shared).
+
+    One pass over the leaves, each counted at each of its ancestors (as deep as the tree
+    nests: at most :data:`~torchgraft.bounds.MAX_NESTING`).
+    """
+    shared: dict[tuple[str, ...], int | None] = {}
+    for path, ref in leaves.items():
+        lead = ref.meta.shape[0] if ref.meta.shape else None
+        for cut in range(1, len(path) + 1):
+            root = path[:cut]
+            if root not in shared:
+                shared[root] = lead
+            elif shared[root] != lead:
+                shared[root] = None
+    return {root: size for root, size in shared.items() if size is not None}
+
+
 def _stacked_roots(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, ...], int]:
     """Module paths holding ``nn.scan``-stacked layers, with their number of layers.
 
@@ -266,6 +285,7 @@ def _stacked_roots(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, 
     attention projections) has two dimensions, and every leaf under the subtree's top
     shares that leading size.
     """
+    leading = _leading_sizes(leaves)
     stacked: dict[tuple[str, ...], int] = {}
     for path, ref in leaves.items():
         parent = path[-2] if len(path) > 1 else ""
@@ -274,12 +294,15 @@ def _stacked_roots(leaves: dict[tuple[str, ...], TensorRef]) -> dict[tuple[str, 
             continue
         layers = ref.meta.shape[0]
         for cut in range(1, len(path) - 1):
-            root = path[:cut]
-            under = [r for p, r in leaves.items() if p[:cut] == root]
-            if all(r.meta.shape and r.meta.shape[0] == layers for r in under):
-                stacked.setdefault(root, layers)
+            if leading.get(path[:cut]) == layers:
+                stacked.setdefault(path[:cut], layers)
                 break
     return stacked
+
+
+def _stacked_cut(key: tuple[str, ...], stacked: dict[tuple[str, ...], int]) -> int:
+    """How many parts of ``key`` name the stacked root it lies under (0: none)."""
+    return next((cut for cut in range(1, len(key) + 1) if key[:cut] in stacked), 0)
 
 
 def flax_key(key: tuple[str, ...]) -> tuple[str, ...]:
@@ -320,11 +343,11 @@ def flax_tree(stored: dict[tuple[str, ...], TensorRef],
     stacked = _stacked_roots(stored)
     head_dims: dict[str, int] = {}
     for key, ref in stored.items():
-        shape = ref.meta.shape[1:] if any(key[:len(r)] == r for r in stacked) else ref.meta.shape
+        shape = ref.meta.shape[1:] if _stacked_cut(key, stacked) else ref.meta.shape
         record_head_dim(head_dims, key[:-1], key[-1], shape)
     root: dict[str, Any] = {}
     for key, ref in sorted(stored.items(), key=lambda item: _order(item[0])):
-        cut = next((len(r) for r in stacked if key[:len(r)] == r), 0)
+        cut = _stacked_cut(key, stacked)
         layers = stacked.get(key[:cut], 0) if cut else 0
         parts = [p for p in (layer(key, index) for index in range(layers)) if p is not None]
         if layers and len(parts) == layers:

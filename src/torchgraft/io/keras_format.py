@@ -13,12 +13,15 @@ moving_variance`` become ``weight/bias/running_mean/running_var``, attention pro
 ``[hidden, heads, dim]`` become Linear weights.
 
 Contiguous uncompressed datasets (what Keras writes) are memory-mapped at the offset HDF5
-reports; others are read through h5py. The group walk is depth- and size-limited.
+reports; others are read through h5py. Data is read only from the file's own storage
+(contiguous, chunked or compact): a dataset with *external storage* (its bytes in another
+file it names), a virtual dataset (mapped from other files) and an external link (a group
+member in another file) are refused before h5py is asked for their data. The group walk is
+size-limited and nests at most :data:`~torchgraft.bounds.MAX_NESTING` deep.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import zipfile
 from collections.abc import Iterator
@@ -29,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..bounds import check_nesting, parse_json
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, brief
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, closed_on_error
 from .framework import (
@@ -48,7 +52,6 @@ __all__ = ["FORMAT", "KERAS3_VARIABLES", "KERAS_ARCHIVE_FORMAT", "LEAVES"]
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _KERAS_MEMBERS = ("metadata.json", "config.json", "model.weights.h5")
-_MAX_DEPTH = 32
 _MAX_GROUPS = 100_000
 _MAX_CONFIG = 64 << 20
 #: A compressed dataset may not claim more than this many times the file's size.
@@ -95,9 +98,55 @@ def _h5py() -> Any:
     return import_optional("h5py", extra="keras", feature="Reading Keras/TensorFlow .h5 files")
 
 
+def _own_storage(dataset: Any, name: str, path: str) -> None:
+    """Refuse a dataset whose bytes are not in this file: external storage, virtual."""
+    h5d = _h5py().h5d
+    plist = dataset.id.get_create_plist()
+    if plist.get_layout() not in (h5d.CONTIGUOUS, h5d.CHUNKED, h5d.COMPACT):
+        raise UnsupportedCheckpointError(
+            f"'{name}' is a virtual dataset, mapped from other files: torchgraft reads data "
+            "only from the file's own storage; save the weights into one file", path=path)
+    if plist.get_external_count():
+        target = plist.get_external(0)[0]
+        raise UnsupportedCheckpointError(
+            f"'{name}' keeps its bytes in another file ({target!r:.120}, HDF5 external "
+            "storage): torchgraft reads data only from the file's own storage, never from "
+            "where a file points; save the weights into one file", path=path)
+
+
+def _member(group: Any, key: str, path: str) -> Any:
+    """``group[key]``, refusing an external link (a member in another file) on its way."""
+    h5py = _h5py()
+    node = group
+    for part in (p for p in key.split("/") if p):
+        link = node.get(part, getlink=True)
+        if link is None:
+            raise CorruptCheckpointError(f"'{node.name}' has no member '{part}'", path=path)
+        if not isinstance(link, (h5py.HardLink, h5py.SoftLink)):
+            raise UnsupportedCheckpointError(
+                f"'{node.name}/{part}' is a link into another file "
+                f"({getattr(link, 'filename', '?')!r:.120}): torchgraft reads only the file "
+                "it is given", path=path)
+        node = node[part]
+    return node
+
+
+def _linked(group: Any, key: str) -> bool:
+    """Whether ``group`` has a member ``key``, its link not followed (``in`` follows it)."""
+    return group.get(key, getlink=True) is not None
+
+
+def _weights_group(file: Any, path: str) -> Any:
+    """tf.keras full-model files keep the weights in ``model_weights``; others at the top."""
+    return _member(file, "model_weights", path) if _linked(file, "model_weights") else file
+
+
 def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
                  path: str) -> TensorRef:
     """A lazy tensor over an HDF5 dataset: mapped in place when contiguous, else via h5py."""
+    if not isinstance(dataset, _h5py().Dataset):
+        raise CorruptCheckpointError(f"'{name}' is a group, not a dataset of weights", path=path)
+    _own_storage(dataset, name, path)
     dtype = dataset.dtype
     torch_dtype = torch_dtype_of_numpy(dtype)
     if torch_dtype is None:
@@ -133,14 +182,13 @@ def _children(group: Any, counter: list[int], path: str) -> list[tuple[str, Any]
     order = _CHILD_ORDER.get(_SUFFIX.sub("", group.name.rsplit("/", 1)[-1]))
     if order:
         keys.sort(key=lambda k: order.index(k) if k in order else len(order))
-    return [(key, group[key]) for key in keys]
+    return [(key, _member(group, key, path)) for key in keys]
 
 
 def _keras3_layers(group: Any, prefix: tuple[str, ...], depth: int, counter: list[int],
                    path: str) -> Iterator[tuple[tuple[str, ...], str, Any]]:
     """Yield (module path, class key, vars group) for every layer with variables, in order."""
-    if depth > _MAX_DEPTH:
-        raise CorruptCheckpointError(f"HDF5 groups nest more than {_MAX_DEPTH} deep", path=path)
+    check_nesting(depth, what="HDF5 groups", path=path)
     h5py = _h5py()
     for key, child in _children(group, counter, path):
         if not isinstance(child, h5py.Group):
@@ -150,11 +198,11 @@ def _keras3_layers(group: Any, prefix: tuple[str, ...], depth: int, counter: lis
             continue
         if key == "vars":
             continue
-        attrs_name = child["vars"].attrs.get("name") if "vars" in child else None
+        variables = _member(child, "vars", path) if _linked(child, "vars") else None
+        attrs_name = variables.attrs.get("name") if variables is not None else None
         own = attrs_name if isinstance(attrs_name, str) and attrs_name else key
         here = (*prefix, own)
-        variables = child.get("vars")
-        if variables is not None and len(variables):
+        if isinstance(variables, h5py.Group) and len(variables):
             yield here, key, variables
         yield from _keras3_layers(child, here, depth + 1, counter, path)
 
@@ -181,7 +229,7 @@ def _read_keras3(file: Any, source: FileSource | None, base: int, path: str,
             position = int(index) if index.isdigit() else -1
             leaf = names[position] if 0 <= position < len(names) else f"var{index}"
             where = f"{variables.name}/{index}"
-            stored = _dataset_ref(variables[index], source, base, where, path)
+            stored = _dataset_ref(_member(variables, index, path), source, base, where, path)
             name, ref = _torch_entry(module, leaf, stored, where, path, head_dims)
             if name in root:
                 raise CorruptCheckpointError(f"two variables are named '{name}'", path=path)
@@ -197,14 +245,14 @@ def _read_legacy(file: Any, source: FileSource | None, base: int, path: str,
                  head_dims: dict[str, int]) -> dict[str, TensorRef]:
     """tf.keras ``save_weights(.h5)``: ``layer_names`` in order, each with ``weight_names``."""
     root: dict[str, TensorRef] = {}
-    group = file.get("model_weights", file)
+    group = _weights_group(file, path)
     for layer in _strings(group.attrs["layer_names"]):
-        weights = group[layer]
+        weights = _member(group, layer, path)
         for weight in _strings(weights.attrs.get("weight_names", [])):
             parts = re.sub(r":\d+$", "", weight).split("/")
             parts = parts[parts.index(layer):] if layer in parts else [layer, *parts]
             module = tuple(p for part in parts[:-1] for p in part.split("_._") if p)
-            stored = _dataset_ref(weights[weight], source, base, weight, path)
+            stored = _dataset_ref(_member(weights, weight, path), source, base, weight, path)
             name, ref = _torch_entry(module, parts[-1], stored, weight, path, head_dims)
             if name in root:
                 raise CorruptCheckpointError(f"two weights are named '{name}'", path=path)
@@ -216,7 +264,7 @@ def _read_hdf5(file: Any, source: FileSource | None, base: int, path: str,
                order: list[str]) -> dict[str, Any]:
     """The weights in PyTorch's names and layouts, and what the file says about them."""
     head_dims: dict[str, int] = {}
-    group = file.get("model_weights", file)
+    group = _weights_group(file, path)
     if "layer_names" in group.attrs:
         root: dict[str, Any] = _read_legacy(file, source, base, path, head_dims)
         flavour = "tf.keras (legacy HDF5)"
@@ -239,7 +287,7 @@ def hdf5_faults(path: str | Path) -> Iterator[None]:
     try:
         yield
     except (RuntimeError, KeyError, OSError) as exc:
-        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({exc})",
+        raise CorruptCheckpointError(f"the HDF5 structure is damaged ({brief(exc)})",
                                      path=path) from exc
 
 
@@ -260,13 +308,12 @@ def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
     info = archive.getinfo("config.json")
     if info.file_size > _MAX_CONFIG:
         raise CorruptCheckpointError("config.json is implausibly large", path=path)
-    try:
-        config = json.loads(read_member(archive, info, _MAX_CONFIG, what="config.json",
-                                        path=str(path)))
-    except ValueError:
-        raise CorruptCheckpointError("config.json is not JSON", path=path) from None
-    layers = config.get("config", {}).get("layers", []) if isinstance(config, dict) else []
-    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)][:_MAX_GROUPS]
+    config = parse_json(read_member(archive, info, _MAX_CONFIG, what="config.json",
+                                    path=str(path)), what="config.json", path=path)
+    model = config.get("config") if isinstance(config, dict) else None
+    layers = model.get("layers") if isinstance(model, dict) else None
+    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)
+            ][:_MAX_GROUPS] if isinstance(layers, list) else []
 
 
 def _open_keras(path: Path, options: ReadOptions) -> Contents:

@@ -8,8 +8,10 @@ quantized Linear or Embedding ``X`` is stored as ``X.weight`` (uint32 words of p
 float weight ``mx.dequantize`` gives and the scales and biases are gone, so the folder grafts
 into the unquantized PyTorch model. What the config claims must fit what is stored (widths,
 group counts, biases, the scales' dtype), else the folder is refused: a wrong claim never
-gives wrong values. Names are transformers' already; MLX's rotary layout is transformers'
-(``traditional=False``).
+gives wrong values. ``config.json`` is read with
+:func:`~torchgraft.io.contain.read_contained`: inside the folder (a link out is refused unless
+``follow_links``), a regular file, bounded in size and nesting. Names are transformers'
+already; MLX's rotary layout is transformers' (``traditional=False``).
 
 MLX's ``save_weights`` files are plain safetensors or npz with no marker; their convolutions
 (``[out, kh, kw, in]``) are not re-laid here.
@@ -17,15 +19,21 @@ MLX's ``save_weights`` files are plain safetensors or npz with no marker; their 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..bounds import parse_json
+from ..errors import (
+    CorruptCheckpointError,
+    OutsideCheckpointError,
+    TorchgraftError,
+    UnsupportedCheckpointError,
+)
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
+from .contain import contained, open_regular, read_contained
 from .mlx_quant import AFFINE_BITS, MODES, dequantize
 from .registry import checkpoint_in, open_contents
 from .safetensors_format import FORMAT as SAFETENSORS
@@ -35,22 +43,26 @@ __all__ = ["FORMAT", "FOLDER_FORMAT"]
 _CONFIG = "config.json"
 _MAX_CONFIG = 16 << 20
 _WORD_BITS = 32
+#: The bytes of a safetensors file's start that hold mlx's ``"format":"mlx"`` marker.
+_MAGIC_BYTES = 512
 
 
-def _quantization(folder: Path) -> dict[str, Any] | None:
+def _quantization(folder: Path, *, follow_links: bool) -> dict[str, Any] | None:
     """The ``quantization`` entry of an mlx-lm ``config.json``, or ``None``."""
-    config = folder / _CONFIG
-    if not config.is_file() or config.stat().st_size > _MAX_CONFIG:
+    if not (folder / _CONFIG).exists():
         return None
-    try:
-        value = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
+    raw = read_contained(folder, _CONFIG, named_by=folder, what=_CONFIG, limit=_MAX_CONFIG,
+                         follow_links=follow_links)
+    value = parse_json(raw, what=_CONFIG, path=folder / _CONFIG)
     found = value.get("quantization") if isinstance(value, dict) else None
-    if isinstance(found, dict) and isinstance(found.get("bits"), int) and isinstance(
-            found.get("group_size"), int):
+    if isinstance(found, dict) and _integer(found.get("bits")) and _integer(
+            found.get("group_size")):
         return found
     return None
+
+
+def _integer(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parameters(quantization: dict[str, Any], module: str, path: Path) -> tuple[str, int, int]:
@@ -65,11 +77,12 @@ def _parameters(quantization: dict[str, Any], module: str, path: Path) -> tuple[
             f"dequantizes the modes {sorted(MODES)}", path=path)
     shapes = MODES[mode].shapes
     allowed = shapes if shapes is not None else [(b, group) for b in AFFINE_BITS]
-    if not isinstance(bits, int) or not isinstance(group, int) or (bits, group) not in allowed:
+    if not _integer(bits) or not _integer(group) or group <= 0 or (bits, group) not in allowed:
         raise CorruptCheckpointError(
             f"config.json's quantization for '{module}' says mode {mode!r}, bits {bits!r}, "
             f"group_size {group!r}; MLX's {mode} mode has (bits, group_size) in "
-            f"{shapes or 'bits ' + str(AFFINE_BITS)}", path=path)
+            f"{shapes or 'bits ' + str(AFFINE_BITS) + ' and groups of one input or more'}",
+            path=path)
     return mode, bits, group
 
 
@@ -166,8 +179,9 @@ def _open_file(path: Path, options: ReadOptions) -> Contents:
 
 
 def _open_folder(path: Path, options: ReadOptions) -> Contents:
-    quantization = _quantization(path)
-    inner = open_contents(checkpoint_in(path), options.part())
+    quantization = _quantization(path, follow_links=options.follow_links)
+    inner = open_contents(checkpoint_in(path, follow_links=options.follow_links),
+                          options.part())
     root = inner.root
     if isinstance(root, dict):
         root, counts = _dequantize_root(root, quantization, path)
@@ -177,7 +191,28 @@ def _open_folder(path: Path, options: ReadOptions) -> Contents:
 
 
 def _claims(folder: Path) -> bool:
-    return _quantization(folder) is not None and any(folder.glob("*.safetensors"))
+    """A folder of safetensors beside an mlx-lm ``config.json``.
+
+    Nothing outside the folder is read here: a config linking out is claimed when the
+    folder's safetensors say they are mlx's, and opening reads it (only with follow_links).
+    """
+    shards = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
+    try:
+        return _quantization(folder, follow_links=False) is not None and bool(shards)
+    except OutsideCheckpointError:
+        return bool(shards) and _marked(folder, shards[0])
+    except TorchgraftError:
+        return False
+
+
+def _marked(folder: Path, name: str) -> bool:
+    """Whether a safetensors file inside ``folder`` has mlx's ``format`` in its metadata."""
+    try:
+        path = contained(folder, name, named_by=folder, what="shard")
+        with open(open_regular(path), "rb") as f:
+            return _magic(f.read(_MAGIC_BYTES))
+    except (OSError, TorchgraftError):
+        return False
 
 
 def _magic(head: bytes) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..bounds import check_shape
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, brief
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .source import ByteSource, FileSource, MemorySource, strided
@@ -49,7 +49,7 @@ def _header(stream: IO[bytes], name: str,
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(header)
     except (ValueError, SyntaxError, TokenError) as exc:  # the header is a Python literal
-        raise CorruptCheckpointError(f"array '{name}' has a malformed header: {exc}",
+        raise CorruptCheckpointError(f"array '{name}' has a malformed header: {brief(exc)}",
                                      path=source) from None
     if dtype.hasobject:
         raise UnsupportedCheckpointError(

@@ -18,12 +18,15 @@ Control flow keeps graphs inside nodes: the ``then_branch``/``else_branch`` of a
 read like the main graph's and their nodes name the weights they use, the main graph's too
 (TorchScript's exporter leaves ``a.weight``'s transposed copy in the main graph, used by
 ``/a/MatMul`` inside a branch). Values passed on through ``Identity`` nodes count as used
-where their copies are. Subgraphs nest at most :data:`MAX_DEPTH` deep.
+where their copies are: the first node in graph order that uses a value or a copy of it in a
+weight role names it, found for every value in one pass over the graph. Subgraphs nest at
+most :data:`~torchgraft.bounds.MAX_NESTING` deep.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..bounds import MAX_NDIM, check_nesting, check_shape
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
@@ -38,7 +42,7 @@ from .contain import contained
 from .framework import relaid
 from .source import ByteSource, FileSource, MemorySource
 
-__all__ = ["FORMAT", "MAX_DEPTH", "ROLES"]
+__all__ = ["FORMAT", "ROLES"]
 
 #: TensorProto.DataType to torch dtype.
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16,
@@ -69,8 +73,6 @@ _MAX_VARINT = 10
 #: Nodes up to this size are read whole, then walked in memory; bigger ones (a subgraph holding
 #: weights) are walked in place.
 _MAX_NODE_BYTES = 1 << 20
-#: How deep subgraphs (If/Loop/Scan bodies) may nest; exporters nest a few levels.
-MAX_DEPTH = 16
 #: AttributeProto fields holding graphs: ``g`` (GRAPH) and ``graphs`` (GRAPHS).
 _GRAPH_FIELDS = (6, 11)
 _MAX_TYPED_BYTES = 64 << 20
@@ -148,30 +150,53 @@ def _varints(raw: bytes) -> list[int]:
     return values
 
 
+def _packed_dims(tensor: _Tensor, fields: _Fields, span: tuple[int, int]) -> None:
+    if span[1] > _MAX_VARINT * MAX_NDIM:
+        raise CorruptCheckpointError(f"a tensor's dims take {span[1]} bytes: more than "
+                                     f"{MAX_NDIM} dimensions", path=fields.source.name)
+    tensor.dims.extend(_varints(fields.source.read(*span, what="tensor dims")))
+
+
+def _external_entry(tensor: _Tensor, fields: _Fields, span: tuple[int, int]) -> None:
+    """One ``external_data`` key/value pair (``location``, ``offset``, ``length``)."""
+    entry = {n: fields.sub(v) for n, w, v in fields.sub(span) if w == 2}
+    if 1 in entry and 2 in entry:
+        key = entry[1].text((entry[1].start, entry[1].end - entry[1].start), "a key")
+        tensor.external[key] = entry[2].text(
+            (entry[2].start, entry[2].end - entry[2].start), "an external data value")
+
+
+#: Reads one TensorProto field into a :class:`_Tensor`: (tensor, the message, the value).
+_Read = Callable[[_Tensor, _Fields, Any], None]
+
+
+def _typed_field(number: int) -> _Read:
+    def read(tensor: _Tensor, fields: _Fields, span: Any) -> None:
+        tensor.typed = (number, span)
+    return read
+
+#: TensorProto fields read, by (field number, wire type): dims (one by one, or packed),
+#: data_type, name, raw_data, the typed data fields, external_data, data_location.
+_TENSOR_FIELDS: dict[tuple[int, int], _Read] = {
+    (1, 0): lambda tensor, fields, value: tensor.dims.append(value),
+    (1, 2): _packed_dims,
+    (2, 0): lambda tensor, fields, value: setattr(tensor, "dtype", value),
+    (8, 2): lambda tensor, fields, span: setattr(tensor, "name",
+                                                 fields.text(span, "a tensor name")),
+    (9, 2): lambda tensor, fields, span: setattr(tensor, "raw", span),
+    **{(number, 2): _typed_field(number) for number in _TYPED_FIELDS},
+    (13, 2): _external_entry,
+    (14, 0): lambda tensor, fields, value: setattr(tensor, "location", value),
+}
+
+
 def _tensor(fields: _Fields) -> _Tensor:
+    """A TensorProto, its fields read by :data:`_TENSOR_FIELDS`."""
     tensor = _Tensor()
     for number, wire, value in fields:
-        if number == 1:
-            if wire == 0:
-                tensor.dims.append(value)
-            else:
-                tensor.dims.extend(_varints(fields.source.read(*value, what="tensor dims")))
-        elif number == 2 and wire == 0:
-            tensor.dtype = value
-        elif number == 8 and wire == 2:
-            tensor.name = fields.text(value, "a tensor name")
-        elif number == 9 and wire == 2:
-            tensor.raw = value
-        elif number in _TYPED_FIELDS and wire == 2:
-            tensor.typed = (number, value)
-        elif number == 13 and wire == 2:
-            entry = {n: fields.sub(v) for n, w, v in fields.sub(value) if w == 2}
-            if 1 in entry and 2 in entry:
-                key = entry[1].text((entry[1].start, entry[1].end - entry[1].start), "a key")
-                tensor.external[key] = entry[2].text(
-                    (entry[2].start, entry[2].end - entry[2].start), "an external data value")
-        elif number == 14 and wire == 0:
-            tensor.location = value
+        read = _TENSOR_FIELDS.get((number, wire))
+        if read is not None:
+            read(tensor, fields, value)
     return tensor
 
 
@@ -233,9 +258,7 @@ def _read_node(source: FileSource, span: tuple[int, int]) -> _Node:
 def _walk(graph: _Fields, source: FileSource, found: tuple[list[_Tensor], list[_Node]],
           depth: int) -> None:
     """Collect a graph's initializers and nodes, and those of its nodes' subgraphs."""
-    if depth > MAX_DEPTH:
-        raise CorruptCheckpointError(f"ONNX subgraphs (If/Loop/Scan bodies) nest deeper than "
-                                     f"{MAX_DEPTH} levels", path=source.name)
+    check_nesting(depth, what="ONNX subgraphs (If/Loop/Scan bodies)", path=source.name)
     tensors, nodes = found
     for number, wire, value in graph:
         if wire != 2:
@@ -267,43 +290,46 @@ def _module_path(node: _Node) -> str | None:
     return ".".join(parts) if parts else None
 
 
-def _consumers(nodes: list[_Node]) -> dict[str, list[tuple[_Node, int]]]:
-    """Each value name to the nodes (and input slots) that consume it."""
-    consumers: dict[str, list[tuple[_Node, int]]] = {}
+def _first_uses(nodes: list[_Node]) -> dict[str, tuple[_Node, int]]:
+    """Each value to the first node (and input slot) that uses it in a weight role.
+
+    A value passed on by ``Identity`` nodes is used where its copies are. One pass: nodes in
+    graph order claim the value in each role slot and, back through the ``Identity`` nodes
+    that made it, every value it is a copy of; a value claimed once is never walked again,
+    so a graph of long ``Identity`` chains costs its size, not its size squared.
+    """
+    sources: dict[str, list[str]] = {}  # an Identity's output to its inputs
     for node in nodes:
-        for slot, name in enumerate(node.inputs):
-            consumers.setdefault(name, []).append((node, slot))
-    return consumers
-
-
-def _uses(name: str, consumers: dict[str, list[tuple[_Node, int]]]) -> list[tuple[_Node, int]]:
-    """The nodes that use a value, its ``Identity`` copies included, in graph order."""
-    uses, queue, seen = [], [name], {name}
-    while queue:
-        for node, slot in consumers.get(queue.pop(0), []):
-            if node.op != "Identity":
-                uses.append((node, slot))
-                continue
-            fresh = [out for out in node.outputs if out not in seen]
-            seen.update(fresh)
-            queue.extend(fresh)
-    return uses
-
-
-def _recovered(tensor: _Tensor, uses: list[tuple[_Node, int]]) -> tuple[str, str | None] | None:
-    """The PyTorch name and layout op the graph gives an initializer, or ``None``."""
-    for node, slot in uses:
-        role = ROLES.get((node.op, slot))
-        path = _module_path(node)
-        if role is None or path is None:
+        if node.op == "Identity":
+            for out in node.outputs:
+                sources.setdefault(out, []).extend(node.inputs)
+    first: dict[str, tuple[_Node, int]] = {}
+    for node in nodes:
+        if node.op == "Identity" or _module_path(node) is None:
             continue
-        leaf, op = role
-        if node.op == "Gemm" and slot == 1 and node.ints.get("transB", 0):
-            op = None
-        if op == "transpose" and len(tensor.dims) != 2:
-            return None
-        return f"{path}.{leaf}", op
-    return None
+        for slot, name in enumerate(node.inputs):
+            if (node.op, slot) not in ROLES:
+                continue
+            stack = [name]
+            while stack:
+                value = stack.pop()
+                if value not in first:
+                    first[value] = (node, slot)
+                    stack.extend(sources.get(value, ()))
+    return first
+
+
+def _recovered(tensor: _Tensor, use: tuple[_Node, int] | None) -> tuple[str, str | None] | None:
+    """The PyTorch name and layout op the graph gives an initializer, or ``None``."""
+    if use is None:
+        return None
+    node, slot = use
+    leaf, op = ROLES[(node.op, slot)]
+    if node.op == "Gemm" and slot == 1 and node.ints.get("transB", 0):
+        op = None
+    if op == "transpose" and len(tensor.dims) != 2:
+        return None
+    return f"{_module_path(node)}.{leaf}", op
 
 
 class _Files:
@@ -343,7 +369,7 @@ def _ref(tensor: _Tensor, source: FileSource, files: _Files, path: Path) -> Tens
         raise UnsupportedCheckpointError(f"initializer '{name}' has ONNX data type "
                                          f"{tensor.dtype}, not read yet", path=path)
     dtype = _DTYPES[tensor.dtype]
-    shape = tuple(tensor.dims)
+    shape = check_shape(tensor.dims, what=f"initializer '{name}'", path=path)
     meta = TensorMeta.of(shape, dtype)
     what = f"initializer '{name}'"
     if tensor.location == 1:
@@ -410,9 +436,9 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     root: dict[str, Any] = {}
     constants: list[str] = []
     renamed: dict[str, str] = {}
-    consumers = _consumers(nodes)
+    uses = _first_uses(nodes)
     for tensor in tensors:
-        recovered = _recovered(tensor, _uses(tensor.name, consumers))
+        recovered = _recovered(tensor, uses.get(tensor.name))
         if _TORCH_NAME.fullmatch(tensor.name):
             name, op = tensor.name, None
         elif recovered is not None:

@@ -8,10 +8,11 @@ chunks; with ``use_ocdbt=False`` each array is a zarr v2 folder of its own. A
 ``CheckpointManager`` step folder (``7/``) holds one such folder per item (``7/state/``).
 
 Only ``tensorstore`` (the optional extra ``[orbax]``) reads these; never JAX or Orbax. The
-metadata is checked first: its size, its shape (a mapping of leaves, each a short key path),
-every array's shape and dtype against the bytes the folder holds, and every file in the folder
-must lie inside it. Arrays are opened lazily: a tensor's chunks are read when it is read, a
-block of it when only that block is wanted.
+metadata is checked first: its size, its nesting and shape (a mapping of leaves, each a short
+key path), every array's shape and dtype against the bytes the folder holds, and every file in
+the folder must lie inside it and be a regular file (a FIFO or device, which tensorstore would
+open and wait on, is refused before it is given the folder). Arrays are opened lazily: a
+tensor's chunks are read when it is read, a block of it when only that block is wanted.
 
 The arrays are a Flax model's: names and layouts become PyTorch's as for Flax ``msgpack``
 files (:func:`~torchgraft.io.flax_format.flax_tree`), Flax NNX's ``value`` leaves included.
@@ -19,7 +20,6 @@ files (:func:`~torchgraft.io.flax_format.flax_tree`), Flax NNX's ``value`` leave
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnsupportedCheckpointError
+from ..bounds import parse_json
+from ..errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UnsupportedCheckpointError,
+    brief,
+)
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import check_regular, contained, open_regular, read_contained
 from .flax_format import flax_key, flax_tree
 from .framework import import_optional
 
@@ -74,7 +80,7 @@ def _tensorstore() -> Any:
 def _head(path: Path, size: int) -> bytes:
     if not path.is_file():
         return b""
-    with path.open("rb") as f:
+    with open(open_regular(path), "rb") as f:
         return f.read(size)
 
 
@@ -137,18 +143,19 @@ def _stored_bytes(item: Path, options: ReadOptions) -> int:
             if part.is_symlink():  # what os.walk lists lies inside, unless it links out
                 contained(item, str(part.relative_to(item)), named_by=item, what="file",
                           follow_links=options.follow_links)
-            if name in names and part.is_file():
+            check_regular(part, what="file", folder_ok=True)
+            if name in names:
                 total += part.stat().st_size
     return total
 
 
-def _leaves(item: Path) -> tuple[dict[tuple[str, ...], str], dict[str, Any]]:
+def _leaves(item: Path, options: ReadOptions) -> tuple[dict[tuple[str, ...], str],
+                                                     dict[str, Any]]:
     """Each array leaf's key path and its stored name, from ``_METADATA``; and the flags."""
-    path = contained(item, _METADATA, named_by=item, what="metadata file")
-    if path.stat().st_size > _MAX_METADATA:
-        raise CorruptCheckpointError(f"_METADATA is {path.stat().st_size} bytes, more than "
-                                     f"{_MAX_METADATA} for metadata", path=item)
-    document = json.loads(path.read_bytes())
+    document = parse_json(read_contained(item, _METADATA, named_by=item, what=_METADATA,
+                                         limit=_MAX_METADATA,
+                                         follow_links=options.follow_links),
+                          what=_METADATA, path=item / _METADATA)
     tree = document.get("tree_metadata") if isinstance(document, dict) else None
     if not isinstance(tree, dict) or len(tree) > _MAX_LEAVES:
         raise CorruptCheckpointError("_METADATA has no tree_metadata mapping of leaves",
@@ -179,9 +186,10 @@ def _stores(item: Path, flags: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return store, "zarr3" if flags["use_zarr3"] else "zarr"
 
 
-def _check_manifest(item: Path) -> None:
+def _check_manifest(item: Path, options: ReadOptions) -> None:
     """An OCDBT manifest's magic number, and the length its header states against the file's."""
-    manifest = contained(item, _MANIFEST, named_by=item, what="OCDBT manifest")
+    manifest = contained(item, _MANIFEST, named_by=item, what="OCDBT manifest",
+                         follow_links=options.follow_links)
     head = _head(manifest, 12)
     size = manifest.stat().st_size if manifest.is_file() else 0
     if len(head) < 12 or not head.startswith(_OCDBT_MAGIC):
@@ -199,7 +207,7 @@ def _check_listed(ts: Any, kvstore: dict[str, Any], context: Any, leaves: dict[A
     try:
         keys = set(ts.KvStore.open(kvstore, context=context).result().list().result())
     except ValueError as exc:
-        raise CorruptCheckpointError(f"its array store cannot be read: {exc}",
+        raise CorruptCheckpointError(f"its array store cannot be read: {brief(exc)}",
                                      path=item) from None
     for name in leaves.values():
         if not {f"{name}/.zarray".encode(), f"{name}/zarr.json".encode()} & keys:
@@ -229,7 +237,8 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
         try:
             return _as_torch(region.read().result(), dtype, view)
         except ValueError as exc:
-            raise CorruptCheckpointError(f"{what} cannot be read: {exc}", path=item) from None
+            raise CorruptCheckpointError(f"{what} cannot be read: {brief(exc)}",
+                                         path=item) from None
 
     def read() -> torch.Tensor:
         return fetch(store, f"'{name}'")
@@ -244,13 +253,13 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
 def _open(folder: Path, options: ReadOptions) -> Contents:
     ts = _tensorstore()
     item = _item(folder, options)
-    leaves, flags = _leaves(item)
+    leaves, flags = _leaves(item, options)
     stored_bytes = _stored_bytes(item, options)
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0},
                           "data_copy_concurrency": {"limit": 2},
                           "file_io_concurrency": {"limit": 2}})
     if flags["use_ocdbt"]:
-        _check_manifest(item)
+        _check_manifest(item, options)
     kvstore, driver = _stores(item, flags)
     _check_listed(ts, kvstore, context, leaves, item)
     opening = {key: ts.open({"driver": driver, "kvstore": kvstore, "path": name, "open": True},
@@ -261,7 +270,7 @@ def _open(folder: Path, options: ReadOptions) -> Contents:
         try:
             stores[key] = future.result()
         except ValueError as exc:
-            raise CorruptCheckpointError(f"array '{leaves[key]}' cannot be opened: {exc}",
+            raise CorruptCheckpointError(f"array '{leaves[key]}' cannot be opened: {brief(exc)}",
                                          path=item) from None
     refs = {key: _array_ref(store, leaves[key], item) for key, store in stores.items()}
     claimed = sum(ref.meta.nbytes for ref in refs.values())

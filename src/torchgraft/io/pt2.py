@@ -20,7 +20,6 @@ archive before anything is mapped.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import zipfile
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..bounds import parse_json
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions, closed_on_error
@@ -102,11 +102,9 @@ class _Archive:
         return [n.removeprefix(self.root) for n in self.entries if n.startswith(self.root)]
 
     def tensors(self, folder: str, config_name: str) -> dict[str, TensorRef]:
-        try:
-            config = json.loads(self.member(config_name, MAX_CONFIG_BYTES))["config"]
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise CorruptCheckpointError(f"'{config_name}' is not a payload configuration "
-                                         f"({type(exc).__name__})", path=self.path) from None
+        document = parse_json(self.member(config_name, MAX_CONFIG_BYTES),
+                              what=f"'{config_name}'", path=self.path)
+        config = document.get("config") if isinstance(document, dict) else None
         if not isinstance(config, dict):
             raise CorruptCheckpointError(f"'{config_name}' is malformed", path=self.path)
         return {str(name): self._tensor(folder, str(name), payload)

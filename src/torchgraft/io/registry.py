@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bounds import MAX_INDEX_BYTES, read_json
+from ..bounds import MAX_INDEX_BYTES
 from ..errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -13,9 +13,9 @@ from ..errors import (
     UnsupportedCheckpointError,
     reading,
 )
-from ..hub import resolve as resolve_repo_id
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import contained, read_json
+from .hub import resolve as resolve_repo_id
 from .nature import nature_of
 from .source import released_on_failure
 
@@ -72,17 +72,17 @@ def checkpoint_in(directory: Path, *, follow_links: bool = False) -> Path:
         CheckpointNotFoundError: If it holds none, or several and none is preferred.
         OutsideCheckpointError: If the file links out of the folder.
     """
-    found = _checkpoint_file(directory)
+    found = _checkpoint_file(directory, follow_links=follow_links)
     return contained(directory, found.name, named_by=directory, what="checkpoint file",
                      follow_links=follow_links)
 
 
-def _checkpoint_file(directory: Path) -> Path:
+def _checkpoint_file(directory: Path, *, follow_links: bool) -> Path:
     files = sorted(p for p in directory.iterdir() if p.is_file())
     candidates = [p for p in files if _by_suffix(p) is not None]
     indexes = [p for p in candidates if p.name.endswith(".index.json")]
     if indexes:
-        covered = {directory / n for n in _shard_names(indexes)}
+        covered = {directory / n for n in _shard_names(indexes, follow_links=follow_links)}
         candidates = [p for p in candidates if p not in covered]
     for name in _PREFERRED_NAMES:
         if directory / name in candidates:
@@ -104,11 +104,12 @@ def _checkpoint_file(directory: Path) -> Path:
         path=directory)
 
 
-def _shard_names(indexes: list[Path]) -> set[str]:
+def _shard_names(indexes: list[Path], *, follow_links: bool) -> set[str]:
     names: set[str] = set()
     for index in indexes:
         try:  # a plain, plausible index only: never a link to /dev/zero, a FIFO...
-            weight_map = read_json(index, limit=MAX_INDEX_BYTES, what="the index")
+            weight_map = read_json(index, limit=MAX_INDEX_BYTES, what="the index",
+                                   follow_links=follow_links)
             names.update(str(v) for v in weight_map.get("weight_map", {}).values())
         except (TorchgraftError, AttributeError):
             continue
@@ -134,7 +135,8 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
             something else (a Git LFS pointer, an HTML page, text), which the message says.
     """
     if not path.exists():
-        path = resolve_repo_id(str(path))  # org/name[@revision] in the Hub cache, or raises
+        # org/name[@revision] in the Hub cache, or raises
+        path = resolve_repo_id(str(path), follow_links=follow_links)
     if path.is_dir():
         for fmt in _FORMATS:
             if fmt.claims_directory is not None and fmt.claims_directory(path):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..bounds import parse_json
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error, unwritable
@@ -66,11 +67,7 @@ def read_header(source: ByteSource) -> tuple[dict[str, Any], dict[str, str], int
     if length > _MAX_HEADER:
         raise CorruptCheckpointError(f"header length {length} is implausible", path=source.name)
     raw = source.read(8, length, what="the JSON header")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"the JSON header is malformed: {exc}",
-                                     path=source.name) from None
+    header = parse_json(raw, what="the JSON header", path=source.name)
     if not isinstance(header, dict):
         raise CorruptCheckpointError("the header is not a JSON object", path=source.name)
     metadata = header.pop("__metadata__", None) or {}
@@ -154,10 +151,7 @@ def _root(source: FileSource, path: Path) -> dict[str, Any]:
 def _json_entry(metadata: dict[str, str], key: str, path: Path) -> dict[str, Any]:
     if key not in metadata:
         return {}
-    try:
-        value = json.loads(metadata.pop(key))
-    except ValueError:
-        raise CorruptCheckpointError(f"metadata '{key}' is not JSON", path=path) from None
+    value = parse_json(metadata.pop(key), what=f"metadata '{key}'", path=path)
     if not isinstance(value, dict):
         raise CorruptCheckpointError(f"metadata '{key}' is not a JSON object", path=path)
     return value

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..bounds import MAX_INDEX_BYTES, read_json
+from ..bounds import MAX_INDEX_BYTES
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..meta import TensorRef
 from .base import Contents, Format, ReadOptions
-from .contain import contained
+from .contain import contained, read_json
 
 __all__ = ["FORMAT"]
 
 
-def _weight_map(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    index = read_json(path, limit=MAX_INDEX_BYTES, what="the index")
+def _weight_map(path: Path, *, follow_links: bool) -> tuple[dict[str, str], dict[str, Any]]:
+    index = read_json(path, limit=MAX_INDEX_BYTES, what="the index", follow_links=follow_links)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -28,7 +28,7 @@ def _weight_map(path: Path) -> tuple[dict[str, str], dict[str, Any]]:
 def _open(path: Path, options: ReadOptions) -> Contents:
     from .registry import open_contents
 
-    weight_map, metadata = _weight_map(path)
+    weight_map, metadata = _weight_map(path, follow_links=options.follow_links)
     shards: dict[str, Contents] = {}
     contents = Contents("sharded", path, {}, [])
     try:

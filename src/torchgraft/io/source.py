@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,9 +14,10 @@ from typing import IO, cast
 import torch
 
 from ..bounds import check_view
-from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, TorchgraftError
 from ..meta import TensorMeta, TensorRef
 from .boxes import box_reader
+from .contain import open_regular
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
            "released_on_failure", "strided"]
@@ -147,17 +147,8 @@ class FileSource(ByteSource):
     """
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode):
-                raise UnsupportedCheckpointError(
-                    "not a regular file (a FIFO, device or socket could block or never end)",
-                    path=path)
-        except BaseException:
-            os.close(fd)
-            raise
-        super().__init__(str(path), status.st_size)
+        fd = open_regular(path, what="checkpoint file")
+        super().__init__(str(path), os.fstat(fd).st_size)
         self.path = path
         self._storage: torch.UntypedStorage | None = None
         self._fd: int | None = fd

@@ -21,8 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from ...bounds import read_json
 from ...errors import TorchgraftError
+from ...io.contain import read_json
 from ...renames import Rule
 from ..layouts.layout import Layout
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...bounds import read_json
 from ...errors import TorchgraftError
+from ...io.contain import read_json
 
 __all__ = ["MAX_CONFIG_BYTES", "read_config"]
 
