@@ -129,7 +129,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             weights_key: str | None = None, component: str | None = None,
             keep_wrappers: bool = False, experts: str | None = None, ranks: int | None = None,
             progress: Callable[[int, int], None] | None = None,
-            follow_links: bool = False) -> ConvertReport:
+            follow_links: bool = False,
+            progress_bytes: Callable[[int, int], None] | None = None) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
 
     Reads anything :func:`torchgraft.open` reads (DCP directories written by many ranks
@@ -165,6 +166,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
         progress: Called with (tensors done, total).
         follow_links: Follow links out of the checkpoint's folder (links inside a recognised
             model store, such as the Hugging Face Hub cache, are followed anyway).
+        progress_bytes: Called with (bytes written, total) a few times a second while the
+            files are written (the command line's progress bar).
 
     Returns:
         The report.
@@ -177,7 +180,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     parsed = parse_rules(rules)
     cast_to = parse_dtype(dtype) if dtype else None
     if ranks is not None and (fmt.writes != "dcp" or ranks < 1):
-        raise TorchgraftError(f"ranks={ranks}: a DCP directory is written for 1 or more ranks; "
+        raise TorchgraftError(f"ranks={ranks} (CLI: --ranks): a DCP directory is written for 1 "
+                              "or more ranks; "
                               f"{fmt.writes} files are not split by rank", path=destination)
     with open_checkpoint(src, unsafe=unsafe, weights_key=weights_key,
                          component=component, follow_links=follow_links) as ckpt:
@@ -206,7 +210,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                        else {}, extras=extras, weights_key=ckpt.weights_key.split(".")[0],
                        legacy=legacy, ranks=ranks or 1, progress=progress)
         written = write_job(job, destination, format=fmt.writes, overwrite=overwrite,
-                            max_shard_size=max_shard_size)
+                            max_shard_size=max_shard_size, progress_bytes=progress_bytes)
     report.written = [str(p) for p in written]
     report.tensors = len(tensors)
     for name, ref in tensors.items():
