@@ -37,6 +37,7 @@ def shown_output(block: str) -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_every_python_block_runs_and_prints_what_it_shows(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     setup, blocks = readme_blocks()

@@ -72,6 +72,7 @@ def test_without_verification_the_same_graft_is_not_verified(tmp_path: Path) -> 
     assert Evidence.VERIFIED not in report.evidence.values()
 
 
+@pytest.mark.slow
 def test_source_model_settles_the_rotary_order(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A transformers Llama state dict into a Llama whose names no family table lists

@@ -274,6 +274,7 @@ def _refused(seed: tuple[Path, Path], folder: Path) -> Path:
     return work / opened.relative_to(opened.parent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_refused_files_keep_no_descriptor(seeds: dict[str, tuple[Path, Path]], name: str,
                                           tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ def test_missing_data_file_is_reported(two_rank_dcp: Path, tmp_path: Path) -> No
         tg.open(broken)
 
 
+@pytest.mark.slow
 def test_fsdp2_training_checkpoint_loads_and_grafts(tmp_path: Path) -> None:
     from tests.dcp_writer import fsdp2_model, write_fsdp2
 
