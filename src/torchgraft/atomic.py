@@ -157,19 +157,32 @@ def _writing(destination: Path) -> Iterator[None]:
                                    path=destination) from exc
 
 
+def _failures(exc: BaseException) -> list[BaseException]:
+    """Each rank's error inside torch's ``CheckpointException``.
+
+    torch keeps each as ``(exception, frames)`` (or an object with ``.exc``).
+    """
+    failures = getattr(exc, "failures", None)
+    found: list[BaseException] = []
+    for failure in failures.values() if isinstance(failures, dict) else ():
+        inner = getattr(failure, "exc", failure)
+        if isinstance(inner, tuple) and inner:
+            inner = inner[0]
+        if isinstance(inner, BaseException):
+            found.append(inner)
+    return found
+
+
 def _interrupted(exc: BaseException) -> bool:
     """Whether a rank of torch's ``CheckpointException`` stopped on Ctrl-C."""
-    failures = getattr(exc, "failures", None)
-    return isinstance(failures, dict) and any(
-        isinstance(getattr(f, "exc", f), KeyboardInterrupt) for f in failures.values())
+    return any(isinstance(inner, KeyboardInterrupt) for inner in _failures(exc))
 
 
 def _first_failure(exc: BaseException) -> str:
     """The first rank's error inside torch's ``CheckpointException``."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        inner = getattr(inner, "exc", inner)
+    failures = _failures(exc)
+    if failures:
+        inner = failures[0]
         if isinstance(inner, OSError) and inner.strerror:
             return inner.strerror
         return str(inner).splitlines()[0] if str(inner) else type(inner).__name__

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,48 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.cli.slow_copy import MODEL, start
+
 pytestmark = pytest.mark.slow
-
-#: Runs the command line with one system call slowed: ``copy`` (os.copy_file_range, the kernel
-#: copies of convert) or ``write`` (os.pwrite, tensors written from memory), touching a marker
-#: file when the slow copy starts.
-LAUNCHER = '''
-import os, sys, time
-from pathlib import Path
-
-marker, slow = Path(sys.argv[1]), sys.argv[2]
-
-
-def slowed(real, first_mib):
-    def call(*args):
-        marker.touch()
-        time.sleep(0.1)
-        return real(*first_mib(args))
-    return call
-
-
-if slow == "copy":
-    os.copy_file_range = slowed(os.copy_file_range,
-                                lambda a: (a[0], a[1], min(a[2], 1 << 20), *a[3:]))
-else:
-    os.pwrite = slowed(os.pwrite, lambda a: (a[0], memoryview(a[1]).cast("B")[:1 << 20], a[2]))
-sys.argv = ["torchgraft", *sys.argv[3:]]
-from torchgraft.cli.main import main
-
-sys.exit(main())
-'''
-
-MODEL = "import torch\n\ndef net():\n    return torch.nn.Linear(2048, 4096)\n"
-
-
-def _start(tmp_path: Path, slow: str, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    launcher = tmp_path / "launch.py"
-    launcher.write_text(LAUNCHER)
-    marker = tmp_path / "copying"
-    process = subprocess.Popen([sys.executable, str(launcher), str(marker), slow, *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return process, marker
-
 
 def _interrupt_mid_copy(process: subprocess.Popen[str], marker: Path) -> tuple[float, str]:
     """SIGINT once the copy is under way; the seconds until the process ended, and stderr."""
@@ -94,7 +54,7 @@ def big(tmp_path: Path) -> Path:
 def test_ctrl_c_stops_a_convert_in_kernel_copies_and_keeps_the_old_file(
         tmp_path: Path, big: Path) -> None:
     before = _folder(big)
-    process, marker = _start(tmp_path, "copy", "convert", str(big / "big.safetensors"),
+    process, marker = start(tmp_path, "copy", "convert", str(big / "big.safetensors"),
                              str(big / "old.safetensors"), "--overwrite")
     elapsed, err = _interrupt_mid_copy(process, marker)
     assert process.returncode == 130, err
@@ -108,7 +68,7 @@ def test_a_convert_with_the_same_slow_copies_runs_to_the_end(tmp_path: Path) -> 
     work.mkdir()
     state = {"w": torch.arange(4 << 20, dtype=torch.float32).reshape(1024, -1)}
     save_file(state, work / "small.safetensors")
-    process, marker = _start(tmp_path, "copy", "convert", str(work / "small.safetensors"),
+    process, marker = start(tmp_path, "copy", "convert", str(work / "small.safetensors"),
                              str(work / "out.safetensors"))
     _out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
@@ -124,7 +84,7 @@ def test_ctrl_c_stops_a_graft_while_it_saves(tmp_path: Path) -> None:
     torch.manual_seed(0)
     save_file(torch.nn.Linear(2048, 4096).state_dict(), work / "ckpt.safetensors")
     before = _folder(work)
-    process, marker = _start(tmp_path, "write", "graft", str(work / "ckpt.safetensors"),
+    process, marker = start(tmp_path, "write", "graft", str(work / "ckpt.safetensors"),
                              "--model", f"{tmp_path / 'models.py'}:net", "--out",
                              str(work / "out.safetensors"))
     elapsed, err = _interrupt_mid_copy(process, marker)
@@ -141,7 +101,7 @@ def test_a_graft_with_the_same_slow_writes_saves_its_file(tmp_path: Path) -> Non
     torch.manual_seed(0)
     state = torch.nn.Linear(512, 1024).state_dict()
     save_file(state, work / "ckpt.safetensors")
-    process, marker = _start(tmp_path, "write", "graft", str(work / "ckpt.safetensors"),
+    process, marker = start(tmp_path, "write", "graft", str(work / "ckpt.safetensors"),
                              "--model", f"{tmp_path / 'models.py'}:net", "--out",
                              str(work / "out.safetensors"))
     _out, err = process.communicate(timeout=300)

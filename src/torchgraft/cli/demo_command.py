@@ -169,6 +169,7 @@ def demo(keep: Path | None, as_json: bool) -> int:
 
     Every file is read without running code from it and loaded on this machine's CPU,
     whatever device it was saved on; then checkpoints go into models that differ from them.
+    Exit codes: 0 every step passed its check, 1 one did not, 2 bad input.
     """
     from ..demo import graft_tour, write_examples
 

@@ -44,8 +44,9 @@ def _shape(ctx: click.Context, param: click.Parameter, text: str) -> tuple[int, 
               help="Graft this checkpoint (any format) into the model first.")
 @click.option("--model-kwargs", default=None, metavar="JSON", callback=json_object,
               help="Keyword arguments for the factory, a JSON object.")
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="The .onnx file.")
-@click.option("--input-shape", "input_shape", required=True, callback=_shape,
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="Where to write the ONNX model (a .onnx file).")
+@click.option("--input-shape", "input_shape", required=True, callback=_shape, metavar="SHAPE",
               help="Shape of the example input, e.g. 1,3,224,224.")
 @click.option("--opset", type=click.IntRange(MIN_OPSET, MAX_OPSET), default=17,
               show_default=True,

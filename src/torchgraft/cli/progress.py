@@ -103,7 +103,7 @@ def steps(first: str, *, quiet: bool = False) -> Iterator[Steps]:
     console = Console(stderr=True)
     bar = _Delayed(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Amount(),
                    TimeRemainingColumn(), console=console, transient=True,
-                   disable=quiet or not console.is_terminal, refresh_per_second=4)
+                   disable=quiet or not console.is_interactive, refresh_per_second=4)
     with bar:
         shown = Steps(bar)
         shown.step(first)
