@@ -49,6 +49,7 @@ def test_every_case_ends_in_a_library_error_or_a_view(measured: list[dict[str, o
             assert record["error"] == "CorruptCheckpointError", record
 
 
+@pytest.mark.slow
 def test_every_case_is_cheap(measured: list[dict[str, object]]) -> None:
     for record in measured:
         size = int(record["file_bytes"])  # type: ignore[call-overload]

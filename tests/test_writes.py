@@ -161,6 +161,7 @@ def test_killed_sharded_writes_keep_a_whole_checkpoint(
     assert _values(tmp_path) == {99.0}
 
 
+@pytest.mark.slow
 def test_killed_dcp_writes_keep_a_whole_folder(
         tmp_path: Path, server: multiprocessing.context.ForkServerContext) -> None:
     path = tmp_path / "ckpt"

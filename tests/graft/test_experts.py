@@ -64,6 +64,7 @@ def saved(name: str, folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MOE))
 def test_save_pretrained_folder_into_the_same_class(name: str, tmp_path: Path) -> None:
     folder = saved(name, tmp_path / name)

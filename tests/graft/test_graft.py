@@ -71,6 +71,7 @@ def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
         torch.testing.assert_close(kept(rgbd), pretrained(rgb)[:, :21], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fewer_input_channels_fold_by_sum(tmp_path: Path) -> None:
     pretrained = pretrained_resnet18()
     grey = ResNet18(num_classes=1000, in_chans=1).eval()

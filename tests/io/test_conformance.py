@@ -219,6 +219,7 @@ def test_the_seed_loads_and_meta_agrees_with_get(seeds: dict[str, tuple[Path, Pa
     assert len(tg.load(opened)) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_damaged_files_load_or_are_refused(seeds: dict[str, tuple[Path, Path]],
                                            name: str, tmp_path: Path) -> None:

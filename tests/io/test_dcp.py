@@ -13,6 +13,7 @@ from tests.dcp_writer import expected
 from tests.helpers import assert_same_state
 
 
+@pytest.mark.slow
 def test_two_rank_checkpoint_reads_in_one_process(two_rank_dcp: Path) -> None:
     assert sorted(p.name for p in two_rank_dcp.glob("*.distcp")) == ["__0_0.distcp",
                                                                      "__1_0.distcp"]
