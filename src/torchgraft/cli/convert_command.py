@@ -88,7 +88,7 @@ def convert_command(src: Path, dst: Path, fmt: str | None, dtype: str | None, le
     if as_json:
         print_json(console, report.to_dict())
     else:
-        lines = [one_line(cli_words(line)) for line in str(report).splitlines()]
+        lines = [one_line(_cli_line(line)) for line in str(report).splitlines()]
         console.print(escape("\n".join(lines[:1] if quiet else lines)), highlight=False)
     return 0
 
@@ -103,3 +103,8 @@ def _fits(writes: str, *, legacy: bool, ranks: int | None, max_shard_size: str |
     if max_shard_size is not None and writes not in ("safetensors", "torch"):
         raise click.UsageError(f"--max-shard-size shards safetensors and torch files, not "
                                f"{writes}")
+
+
+def _cli_line(line: str) -> str:
+    """A line of the report with Python arguments as flags; lines naming keys are left as read."""
+    return cli_words(line) if line.startswith("  wrappers") else line
