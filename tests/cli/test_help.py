@@ -117,7 +117,8 @@ def test_library_messages_are_read_in_flag_names(text: str, expected: str) -> No
 
 
 @pytest.mark.parametrize("text", ["x.format=3 and n_format=2", "a_label_map=1", "shape=(2, 3)",
-                                  "the format of the file"])
+                                  "the format of the file", "/data/rules=2/ckpt.pt: corrupt",
+                                  "'format=x.weight' is not used"])
 def test_text_that_names_no_argument_is_left_alone(text: str) -> None:
     from torchgraft.cli.words import cli_words
 

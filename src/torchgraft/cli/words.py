@@ -25,12 +25,13 @@ FLAGS = {
     "drop_extras": "--drop-extras", "layout_of": "--layout-of",
 }
 
-_NAMES = "|".join(sorted(FLAGS, key=len, reverse=True))
-_VALUE = r"(True\b|'[^']*'|\"[^\"]*\"|\.\.\.|[\w.-]*)"
-#: ``name=value``, then the flag text the library gives: ``(CLI: text)`` or ``, CLI text,``.
-_WITH_FLAG = re.compile(rf"(?<![\w.-])({_NAMES})={_VALUE} ?(?:\(CLI: ([^)]*)\)|, CLI (--[\w-]+),)")
-#: ``name=value``: ``True`` is the flag alone, a value follows it, ``...`` stays.
-_ARGUMENT = re.compile(rf"(?<![\w.-])({_NAMES})={_VALUE}")
+#: ``name=value``, the name after a space or a parenthesis: never inside a path or a quoted key.
+_ARGUMENT = (rf"(?:(?<=[\s(])|^)({'|'.join(sorted(FLAGS, key=len, reverse=True))})="
+             r"(True\b|'[^']*'|\"[^\"]*\"|\.\.\.|[\w.-]*)")
+#: An argument, then the flag text the library gives: ``(CLI: text)`` or ``, CLI text,``.
+_WITH_FLAG = re.compile(_ARGUMENT + r" ?(?:\(CLI: ([^)]*)\)|, CLI (--[\w-]+),)")
+#: An argument alone: ``True`` is the flag alone, a value follows it, ``...`` stays.
+_ALONE = re.compile(_ARGUMENT)
 
 
 def _flag(match: re.Match[str]) -> str:
@@ -57,7 +58,7 @@ def cli_words(text: str) -> str:
         ``label_map=...`` as ``--label-map ...``.
     """
     text = _WITH_FLAG.sub(_given, text)
-    return _ARGUMENT.sub(_flag, text)
+    return _ALONE.sub(_flag, text)
 
 
 #: Reader names (``Format.name``) to the names users know the formats by.
