@@ -54,6 +54,7 @@ def test_two_exclusive_writers_one_wins(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_a_clean_error_and_keeps_the_old_file(tmp_path: Path) -> None:
     target = tmp_path / "model.safetensors"
     tg.save({"w": torch.zeros(4)}, target)
@@ -106,6 +107,7 @@ tg.save(state, target, overwrite=True, **sharded)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["single", "sharded", "dcp"])
 def test_kill_9_at_any_moment_leaves_old_or_new_never_a_mix(tmp_path: Path, kind: str) -> None:
     """Real kills (SIGKILL) of overwrites at spread-out moments: what loads is whole."""
@@ -169,6 +171,7 @@ print(results, sorted(os.listdir(folder)))
 """
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_and_a_read_only_folder_keep_the_old_file(tmp_path: Path) -> None:
     """A 256 KiB tmpfs, then remounted read-only (in a private user and mount namespace)."""
     import shutil
@@ -193,3 +196,79 @@ def test_a_real_full_disk_and_a_read_only_folder_keep_the_old_file(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     assert ("['save CLEAN named', 'convert CLEAN named', 'read-only CLEAN named'] "
             "['model.safetensors']") in out.stdout
+
+
+def _dcp_failure(inner: BaseException) -> BaseException:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("save failed", {0: (inner, traceback_summary())})
+
+
+def traceback_summary() -> object:
+    import traceback
+
+    return traceback.StackSummary.from_list([])
+
+
+@pytest.mark.parametrize("inner", [KeyboardInterrupt(), OSError(28, "No space left on device")])
+def test_a_dcp_failure_is_the_interrupt_or_a_write_error_naming_its_cause(
+        tmp_path: Path, inner: BaseException) -> None:
+    """torch gathers each rank's failure as (exception, frames): Ctrl-C stays Ctrl-C."""
+    from torchgraft.atomic import atomic_dir
+
+    expected = KeyboardInterrupt if isinstance(inner, KeyboardInterrupt) else \
+        tg.CheckpointWriteError
+    with pytest.raises(expected) as raised, atomic_dir(tmp_path / "ckpt"):
+        raise _dcp_failure(inner)
+    if expected is tg.CheckpointWriteError:
+        assert str(raised.value).endswith("cannot write it: No space left on device; an "
+                                          "existing checkpoint there is left as it was")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_abandon_removes_the_writes_under_way_and_not_the_finished_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What Ctrl-C's watchdog calls before it ends the process: no temporary is left."""
+    import torchgraft.atomic as atomic
+
+    monkeypatch.setattr(atomic, "_anonymous", lambda folder: None)  # named temporaries
+    monkeypatch.setattr(atomic, "_COMMITTING", type(atomic._COMMITTING)())  # a lock of its own
+    (tmp_path / "done.bin").write_bytes(b"old")
+    with atomic_path(tmp_path / "done.bin", overwrite=True) as finished:
+        finished.write_bytes(b"new")
+    with atomic_path(tmp_path / "file.bin", unnamed=True) as file, \
+            atomic.atomic_dir(tmp_path / "folder") as folder:
+        file.write_bytes(b"half")
+        folder.mkdir()
+        (folder / "part").write_bytes(b"half")
+        assert len(list(tmp_path.iterdir())) == 3  # two temporaries beside done.bin
+        atomic.abandon(timeout=1)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["done.bin"]
+        file.write_bytes(b"")  # so that the block itself can end
+        folder.mkdir(parents=True)
+    assert (tmp_path / "done.bin").read_bytes() == b"new"
+
+
+def test_an_interrupt_between_a_folder_swaps_two_moves_puts_the_old_folder_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system cannot swap two folders in one step, the old one is moved out first."""
+    import torchgraft.atomic as atomic
+
+    target = tmp_path / "ckpt"
+    tg.save({"w": torch.ones(2)}, target)
+    monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    moves = []
+    replace = os.replace
+
+    def interrupted_second_move(a: Path, b: Path) -> None:
+        moves.append((a, b))
+        if len(moves) == 2:
+            raise KeyboardInterrupt
+        replace(a, b)
+
+    monkeypatch.setattr(atomic.os, "replace", interrupted_second_move)
+    with pytest.raises(KeyboardInterrupt):
+        tg.save({"w": torch.zeros(2)}, target, overwrite=True)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    assert torch.equal(tg.load(target)["w"], torch.ones(2))
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]

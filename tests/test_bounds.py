@@ -32,6 +32,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, object]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_every_case_ends_in_a_library_error_or_a_view(measured: list[dict[str, object]]
                                                       ) -> None:
     from tests.hostile_cases import CASES, OUTCOMES
@@ -43,6 +44,7 @@ def test_every_case_ends_in_a_library_error_or_a_view(measured: list[dict[str, o
             record
 
 
+@pytest.mark.slow
 def test_every_case_is_cheap(measured: list[dict[str, object]]) -> None:
     for record in measured:
         size = int(record["file_bytes"])  # type: ignore[call-overload]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -35,6 +36,7 @@ def _load(rank: int, path: str, port: int, results: str) -> None:
     leave()
 
 
+@pytest.mark.slow
 def test_single_file_into_two_ranks(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     save_file(FULL, path)

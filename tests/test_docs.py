@@ -32,6 +32,7 @@ def _blocks(page: str) -> tuple[str, list[tuple[str, str]]]:
     return setup, _BLOCK.findall(_SETUP.sub("", text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_page_code_runs(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     setup, blocks = _blocks(page)

@@ -62,6 +62,7 @@ def _load_fully(path: Path) -> None:
             ckpt.get(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_truncated_at_every_byte(tmp_path: Path, fmt: str) -> None:
     name, write = WRITERS[fmt]
@@ -155,6 +156,7 @@ def _dcp_dir(directory: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_dcp_files_truncated_at_every_byte(tmp_path: Path) -> None:
     directory = _dcp_dir(tmp_path / "dcp")
     _load_fully(directory)

@@ -22,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_demo_command_runs_in_a_fresh_clone(tmp_path: Path) -> None:
     git = shutil.which("git")
     if git is None or not (ROOT / ".git").exists():

@@ -162,6 +162,7 @@ def _read(path_text: str, expected: dict[str, tuple[int, ...]]) -> str:
         signal.alarm(0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_mutants_load_or_fail_cleanly(tmp_path: Path) -> None:
     expected = {k: tuple(v.shape) for k, v in _state().items()}

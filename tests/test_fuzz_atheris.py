@@ -25,6 +25,7 @@ ROOT = Path(__file__).parent.parent
 RUNS = 300
 
 
+@pytest.mark.slow
 def test_fuzzed_inputs_load_or_raise_library_errors(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "fuzz_readers.py"), "--format", "all-in-one",

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 import torchgraft as tg
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_self_sharing_lists_inspect_in_linear_time(tmp_path: Path) -> None:
     x: list[object] = []
@@ -173,6 +174,7 @@ def test_zip_bomb_in_data_pkl_is_refused(tmp_path: Path) -> None:
         tg.inspect(path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_zip_bomb_in_an_npz_member_is_refused_before_decompressing(tmp_path: Path) -> None:
     import io

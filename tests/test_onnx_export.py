@@ -56,6 +56,7 @@ def test_cli_export_refuses_an_output_that_is_not_onnx(tmp_path: Path, out: str)
     assert not (tmp_path / out).exists()
 
 
+@pytest.mark.slow
 def test_cli_export_grafts_then_exports(tmp_path: Path) -> None:
     import json
     import subprocess

@@ -136,6 +136,7 @@ def test_a_damaged_gguf_goes_to_the_full_reader_and_is_its_error(
         assert name in capsys.readouterr().err, name
 
 
+@pytest.mark.slow
 def test_anything_unusual_goes_to_the_full_reader(tmp_path: Path) -> None:
     state = _model().state_dict()
     training = tmp_path / "training.pt"

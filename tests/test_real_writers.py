@@ -148,6 +148,7 @@ def test_inspect_and_load_bit_for_bit(writer: Writer) -> None:
         assert loaded[key].dtype == value.dtype and torch.equal(loaded[key], value), key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", WRITERS, ids=lambda w: w.name)
 def test_graft_gives_the_library_models_outputs(writer: Writer) -> None:
     _weights, io = _reference(writer)

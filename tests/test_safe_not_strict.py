@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import torchgraft as tg
@@ -78,6 +79,7 @@ def test_python_313_pathlib_names_open(tmp_path: Path) -> None:
         assert not ckpt.skipped_calls
 
 
+@pytest.mark.slow
 def test_opening_a_file_imports_nothing(tmp_path: Path) -> None:
     path = tmp_path / "layout.pt"
     torch.save({"w": torch.ones(1)}, path)

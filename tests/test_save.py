@@ -126,6 +126,7 @@ def test_dcp_directory(tmp_path: Path, model: SmallNet) -> None:
     assert_same_state(tg.load(tmp_path / "ckpt"), model.state_dict(), ordered=False)
 
 
+@pytest.mark.slow
 def test_paddle_round_trip_resnet18(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
     from paddle.vision.models import resnet18
@@ -173,6 +174,7 @@ def _bytes_being_written(pid: int, folder: Path) -> int:
     return max(sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["big.safetensors", "big.pt"])
 def test_killed_mid_write_leaves_the_old_file(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
@@ -195,6 +197,7 @@ def test_killed_mid_write_leaves_the_old_file(tmp_path: Path, name: str) -> None
     assert torch.equal(tg.load(path)["old"], torch.ones(3))
 
 
+@pytest.mark.slow
 def test_seed_everything_makes_training_repeatable() -> None:
     def train() -> dict[str, torch.Tensor]:
         tg.seed_everything(1234, deterministic=True)

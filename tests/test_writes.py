@@ -136,6 +136,7 @@ def _quiet(done: int, total: int) -> None:
     pass
 
 
+@pytest.mark.slow
 def test_killed_single_file_writes_keep_a_whole_file_and_leave_nothing(
         tmp_path: Path, server: multiprocessing.context.ForkServerContext) -> None:
     path = tmp_path / "m.safetensors"
@@ -148,6 +149,7 @@ def test_killed_single_file_writes_keep_a_whole_file_and_leave_nothing(
                duration=0)
 
 
+@pytest.mark.slow
 def test_killed_sharded_writes_keep_a_whole_checkpoint(
         tmp_path: Path, server: multiprocessing.context.ForkServerContext) -> None:
     save = functools.partial(_save, tmp_path / "model.safetensors", True)
@@ -159,6 +161,7 @@ def test_killed_sharded_writes_keep_a_whole_checkpoint(
     assert _values(tmp_path) == {99.0}
 
 
+@pytest.mark.slow
 def test_killed_dcp_writes_keep_a_whole_folder(
         tmp_path: Path, server: multiprocessing.context.ForkServerContext) -> None:
     path = tmp_path / "ckpt"

@@ -11,12 +11,13 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import CheckpointWriteError, TorchgraftError
 
-__all__ = ["alive", "atomic_dir", "atomic_path", "clean_stale"]
+__all__ = ["abandon", "alive", "atomic_dir", "atomic_path", "clean_stale", "under_way"]
 
 
 def _umask() -> int:
@@ -28,6 +29,46 @@ def _umask() -> int:
 
 #: Temporary names carry the writing process's id, so a later write can tell stale ones.
 _TEMP = ".{name}.tg-{pid}-"
+
+
+#: Held while a finished write is moved into place, and by :func:`abandon` to the end.
+_COMMITTING = threading.RLock()
+#: What to remove if the process must end now, for each write under way.
+_UNDER_WAY: dict[int, Callable[[], None]] = {}
+
+
+@contextlib.contextmanager
+def under_way(cleanup: Callable[[], None]) -> Iterator[None]:
+    """Register what removes a write's leftovers while it runs, for :func:`abandon`.
+
+    Args:
+        cleanup: Removes what the write has put on disk so far (and puts back what it moved
+            out); it may run while the write goes on in another thread.
+    """
+    token = id(cleanup)
+    with _COMMITTING:
+        _UNDER_WAY[token] = cleanup
+    try:
+        yield
+    finally:
+        with _COMMITTING:
+            _UNDER_WAY.pop(token, None)
+
+
+def abandon(timeout: float = 5.0) -> None:
+    """Remove the leftovers of every write under way, for a process that ends right after.
+
+    A commit in progress finishes first; none starts afterwards (the lock is kept: the caller
+    ends the process, as the command line does on Ctrl-C when a copy does not stop at once).
+    Unnamed temporaries need nothing: they vanish with the process.
+
+    Args:
+        timeout: How long to wait for a commit in progress.
+    """
+    _COMMITTING.acquire(timeout=timeout)
+    for cleanup in list(_UNDER_WAY.values()):
+        with contextlib.suppress(OSError):
+            cleanup()
 
 
 def alive(pid: int) -> bool:
@@ -109,17 +150,39 @@ def _writing(destination: Path) -> Iterator[None]:
     except BaseException as exc:  # torch's CheckpointException is a BaseException
         if type(exc).__name__ != "CheckpointException":
             raise
+        if _interrupted(exc):
+            raise KeyboardInterrupt from exc
         raise CheckpointWriteError(f"cannot write it: {_first_failure(exc)}; an existing "
                                    "checkpoint there is left as it was",
                                    path=destination) from exc
 
 
+def _failures(exc: BaseException) -> list[BaseException]:
+    """Each rank's error inside torch's ``CheckpointException``.
+
+    torch keeps each as ``(exception, frames)`` (or an object with ``.exc``).
+    """
+    failures = getattr(exc, "failures", None)
+    found: list[BaseException] = []
+    for failure in failures.values() if isinstance(failures, dict) else ():
+        inner = getattr(failure, "exc", failure)
+        if isinstance(inner, tuple) and inner:
+            inner = inner[0]
+        if isinstance(inner, BaseException):
+            found.append(inner)
+    return found
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a rank of torch's ``CheckpointException`` stopped on Ctrl-C."""
+    return any(isinstance(inner, KeyboardInterrupt) for inner in _failures(exc))
+
+
 def _first_failure(exc: BaseException) -> str:
     """The first rank's error inside torch's ``CheckpointException``."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = next(iter(failures.values()))
-        inner = getattr(inner, "exc", inner)
+    failures = _failures(exc)
+    if failures:
+        inner = failures[0]
         if isinstance(inner, OSError) and inner.strerror:
             return inner.strerror
         return str(inner).splitlines()[0] if str(inner) else type(inner).__name__
@@ -265,8 +328,9 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
                 yield Path(f"/proc/self/fd/{anonymous}")
                 os.fsync(anonymous)
                 os.fchmod(anonymous, 0o666 & ~_umask())
-                _commit_unnamed(anonymous, destination, overwrite=overwrite)
-                _sync_folder(destination.parent)
+                with _COMMITTING:
+                    _commit_unnamed(anonymous, destination, overwrite=overwrite)
+                    _sync_folder(destination.parent)
         finally:
             os.close(anonymous)
         return
@@ -276,13 +340,14 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
         os.close(fd)
     temporary = Path(name)
     try:
-        with _writing(destination):
+        with _writing(destination), under_way(lambda: temporary.unlink(missing_ok=True)):
             yield temporary
             with temporary.open("rb+") as f:
                 os.fsync(f.fileno())
             os.chmod(temporary, 0o666 & ~_umask())  # as open() would: mkstemp makes it 0600
-            _commit(temporary, destination, overwrite=overwrite)
-            _sync_folder(destination.parent)
+            with _COMMITTING:
+                _commit(temporary, destination, overwrite=overwrite)
+                _sync_folder(destination.parent)
     finally:
         temporary.unlink(missing_ok=True)
 
@@ -309,20 +374,33 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iter
                                      dir=destination.parent))
     temporary = work / "new"
     try:
-        with _writing(destination):
+        with _writing(destination), under_way(lambda: _settle(work, destination)):
             yield temporary
-            if destination.exists():
-                if not overwrite:
-                    raise TorchgraftError("already exists (written meanwhile by another "
-                                          "process); pass overwrite=True to replace it",
-                                          path=destination)
-                if not _exchange(temporary, destination):
-                    os.replace(destination, work / "old")  # restored by the next write if
-                    os.replace(temporary, destination)    # killed between these two moves
-            else:
-                os.replace(temporary, destination)
+            with _COMMITTING:
+                _swap_in(temporary, destination, work / "old", overwrite=overwrite)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        _settle(work, destination)
+
+
+def _swap_in(folder: Path, destination: Path, old: Path, *, overwrite: bool) -> None:
+    """Move a finished folder to its destination, swapping out one already there."""
+    if not destination.exists():
+        os.replace(folder, destination)
+        return
+    if not overwrite:
+        raise TorchgraftError("already exists (written meanwhile by another process); pass "
+                              "overwrite=True to replace it", path=destination)
+    if not _exchange(folder, destination):
+        os.replace(destination, old)  # put back by _settle (or the next write) if stopped
+        os.replace(folder, destination)  # between these two moves
+
+
+def _settle(work: Path, destination: Path) -> None:
+    """Remove a folder write's work folder, first putting back an old folder it moved out."""
+    old = work / "old"
+    if old.exists() and not destination.exists():
+        os.replace(old, destination)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -131,7 +131,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             weights_key: str | None = None, component: str | None = None,
             keep_wrappers: bool = False, experts: str | None = None, ranks: int | None = None,
             progress: Callable[[int, int], None] | None = None,
-            follow_links: bool = False) -> ConvertReport:
+            follow_links: bool = False,
+            progress_bytes: Callable[[int, int], None] | None = None) -> ConvertReport:
     """Convert a checkpoint to another format, one tensor in memory at a time.
 
     Reads anything :func:`torchgraft.open` reads (DCP directories written by many ranks
@@ -166,6 +167,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             each rank of a model sharded that way reads one file; 1 to
             :data:`~torchgraft.bounds.MAX_RANKS`.
         progress: Called with (tensors done, total).
+        progress_bytes: Called with (bytes written, total) a few times a second while the
+            files are written (the command line's progress bar).
 
     Returns:
         The report.
@@ -179,9 +182,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     cast_to = parse_dtype(dtype) if dtype else None
     if ranks is not None and (fmt.writes != "dcp" or isinstance(ranks, bool)
                               or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
-        raise TorchgraftError(f"ranks={ranks!r:.40}: a DCP directory is written for 1 to "
-                              f"{MAX_RANKS} ranks; {fmt.writes} files are not split by rank",
-                              path=destination)
+        raise TorchgraftError(f"ranks={ranks!r:.40} (CLI: --ranks): a DCP directory is written "
+                              f"for 1 to {MAX_RANKS} ranks; {fmt.writes} files are not split "
+                              "by rank", path=destination)
     with open_with(src, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}
@@ -208,7 +211,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                        else {}, extras=extras, weights_key=ckpt.weights_key.split(".")[0],
                        legacy=legacy, ranks=ranks or 1, progress=progress)
         written = write_job(job, destination, format=fmt.writes, overwrite=overwrite,
-                            max_shard_size=max_shard_size)
+                            max_shard_size=max_shard_size, progress_bytes=progress_bytes)
     report.written = [str(p) for p in written]
     report.tensors = len(tensors)
     for name, ref in tensors.items():

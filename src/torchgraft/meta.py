@@ -10,6 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .dtype_names import ALIASES, CASTS
+from .errors import TorchgraftError
+
 __all__ = ["TensorMeta", "TensorRef", "dtype_name", "parse_dtype", "torch_dtype_of_numpy"]
 
 
@@ -35,16 +38,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         The torch dtype.
 
     Raises:
-        ValueError: If the name is not a torch dtype.
+        TorchgraftError: If the name is not a torch dtype.
     """
     if isinstance(name, torch.dtype):
         return name
-    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
-               "float": "float32", "fp64": "float64", "double": "float64"}
-    key = name.removeprefix("torch.")
-    value = getattr(torch, aliases.get(key, key), None)
+    key = str(name).removeprefix("torch.")
+    value = getattr(torch, ALIASES.get(key, key), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"'{name}' is not a torch dtype (try float32, float16 or bfloat16)")
+        raise TorchgraftError(f"dtype={name!r} is not a torch dtype: use one of "
+                              f"{', '.join(CASTS)}")
     return value
 
 

@@ -9,13 +9,13 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .atomic import alive, atomic_dir, atomic_path, clean_stale
+from .atomic import alive, atomic_dir, atomic_path, clean_stale, under_way
 from .bounds import MAX_INDEX_BYTES
 from .errors import CheckpointWriteError, TorchgraftError
 from .graft.layout_of import LayoutOf, in_layout_of
@@ -25,33 +25,10 @@ from .graft.sides.source import open_source
 from .io import Format, WriteJob, formats
 from .io.contain import read_json
 from .meta import parse_dtype
+from .units import parse_size
+from .written import ByteMeter
 
 __all__ = ["parse_size", "resolve_format", "save", "write_job"]
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(size: int | str) -> int:
-    """Parse ``"2GB"`` (10**9 bytes, as transformers counts), ``"500MiB"`` or a byte count.
-
-    Args:
-        size: The size.
-
-    Returns:
-        Bytes.
-
-    Raises:
-        TorchgraftError: If the text is not a size.
-    """
-    if isinstance(size, int):
-        return size
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]I?B|B)?\s*",
-                         size.upper())
-    if match is None or float(match.group(1)) * _UNITS[match.group(2) or ""] < 1:
-        raise TorchgraftError(f"{size!r} is not a size such as '2GB' or '500MiB'")
-    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
-
 
 def _writers() -> dict[str, Format]:
     return {f.writes: f for f in formats() if f.writes is not None and f.write is not None}
@@ -106,7 +83,7 @@ def _shards(job: WriteJob, limit: int) -> list[list[str]]:
 
 
 def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]], *,
-                   overwrite: bool) -> list[Path]:
+                   overwrite: bool, meter: ByteMeter | None) -> list[Path]:
     """Write shards named as transformers names them, then the index, as one commit.
 
     The index is the commit point: it is replaced in one step, and only after every shard it
@@ -132,7 +109,8 @@ def _write_sharded(job: WriteJob, path: Path, fmt: Format, groups: list[list[str
     with _writers_of(path.parent) as alone:
         old = {name for name in _indexed_shards(index) if shard_name.fullmatch(name)}
         _remove_orphans(path.parent, stem, suffix, keep=old, alone=alone)
-        return _write_shards(job, path, fmt, groups, index=index, old=old, overwrite=overwrite)
+        return _write_shards(job, path, fmt, groups, index=index, old=old, overwrite=overwrite,
+                             meter=meter)
 
 
 @contextlib.contextmanager
@@ -162,7 +140,8 @@ def _writers_of(folder: Path) -> Iterator[bool]:
 
 
 def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]], *,
-                  index: Path, old: set[str], overwrite: bool) -> list[Path]:
+                  index: Path, old: set[str], overwrite: bool,
+                  meter: ByteMeter | None) -> list[Path]:
     assert fmt.write is not None
     stem, suffix = path.name.split(".", 1)
     total = len(groups)
@@ -173,20 +152,15 @@ def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]
     weight_map: dict[str, str] = {}
     written: list[Path] = []
     try:
-        for name, keys in zip(names, groups, strict=True):
-            shard = path.with_name(name)
-            part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
-                            legacy=job.legacy, progress=job.progress)
-            with atomic_path(shard, unnamed=True) as temporary:
-                fmt.write(part, temporary)
-            weight_map.update(dict.fromkeys(keys, shard.name))
-            written.append(shard)
-        total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
-                         for n in weight_map)
-        with atomic_path(index, overwrite=overwrite, unnamed=True) as temporary:
-            temporary.write_text(json.dumps({"metadata": {"total_size": total_size,
-                                                          **job.metadata},
-                                             "weight_map": weight_map}, indent=2))
+        with under_way(lambda: _remove_unindexed(written, index)):
+            _write_parts(job, path, fmt, zip(names, groups, strict=True), written, weight_map,
+                         meter)
+            total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
+                             for n in weight_map)
+            with atomic_path(index, overwrite=overwrite, unnamed=True) as temporary:
+                temporary.write_text(json.dumps({"metadata": {"total_size": total_size,
+                                                              **job.metadata},
+                                                 "weight_map": weight_map}, indent=2))
     except BaseException:
         for shard in written:
             shard.unlink(missing_ok=True)
@@ -194,6 +168,33 @@ def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]
     for stale in old - set(names):
         (path.parent / stale).unlink(missing_ok=True)
     return [*written, index]
+
+
+def _write_parts(job: WriteJob, path: Path, fmt: Format, parts: Iterable[tuple[str, list[str]]],
+                 written: list[Path], weight_map: dict[str, str],
+                 meter: ByteMeter | None) -> None:
+    """Write each shard (file name, tensor names) whole, in order, recording where each is."""
+    assert fmt.write is not None
+    for name, keys in parts:
+        shard = path.with_name(name)
+        part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
+                        legacy=job.legacy, progress=job.progress)
+        with atomic_path(shard, unnamed=True) as temporary, _watched(meter, temporary):
+            fmt.write(part, temporary)
+        weight_map.update(dict.fromkeys(keys, shard.name))
+        written.append(shard)
+
+
+def _remove_unindexed(shards: list[Path], index: Path) -> None:
+    """Remove the shards a sharded write has finished that its index does not name yet."""
+    named = _indexed_shards(index)
+    for shard in list(shards):
+        if shard.name not in named:
+            shard.unlink(missing_ok=True)
+
+
+def _watched(meter: ByteMeter | None, path: Path) -> contextlib.AbstractContextManager[None]:
+    return meter.watching(path) if meter is not None else contextlib.nullcontext()
 
 
 def _shard_pattern(stem: str, suffix: str) -> re.Pattern[str]:
@@ -242,7 +243,8 @@ def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str],
 
 
 def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None,
-              overwrite: bool, max_shard_size: int | str | None) -> list[Path]:
+              overwrite: bool, max_shard_size: int | str | None,
+              progress_bytes: Callable[[int, int], None] | None = None) -> list[Path]:
     """Write a job atomically: one file, a DCP directory, or shards plus an index.
 
     Args:
@@ -251,6 +253,8 @@ def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None
         format: The format's name, or ``None`` to use the suffix.
         overwrite: Replace existing files.
         max_shard_size: Split into shards of at most this size (safetensors and torch).
+        progress_bytes: Called with (bytes written, total) a few times a second while the
+            files are written.
 
     Returns:
         The files (or directory) written.
@@ -264,20 +268,36 @@ def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None
     if job.metadata and fmt.writes not in ("safetensors",) and max_shard_size is None:
         raise TorchgraftError(f"metadata is stored by safetensors files and shard indexes, not "
                               f"{fmt.writes}", path=destination)
+    meter = None if progress_bytes is None else ByteMeter(_job_bytes(job), progress_bytes)
     if max_shard_size is not None:
         if fmt.writes not in ("safetensors", "torch"):
-            raise TorchgraftError(f"max_shard_size is for safetensors and torch, not "
-                                  f"{fmt.writes}", path=destination)
+            raise TorchgraftError(f"max_shard_size= (CLI: --max-shard-size) is for safetensors "
+                                  f"and torch, not {fmt.writes}", path=destination)
         groups = _shards(job, parse_size(max_shard_size))
         if len(groups) > 1:
-            return _write_sharded(job, destination, fmt, groups, overwrite=overwrite)
+            written = _write_sharded(job, destination, fmt, groups, overwrite=overwrite,
+                                     meter=meter)
+            if meter is not None:
+                meter.finish()
+            return written
     if fmt.writes == "dcp":
-        with atomic_dir(destination, overwrite=overwrite) as temporary:
+        with atomic_dir(destination, overwrite=overwrite) as temporary, \
+                _watched(meter, temporary):
             fmt.write(job, temporary)
     else:
-        with atomic_path(destination, overwrite=overwrite, unnamed=True) as temporary:
+        with atomic_path(destination, overwrite=overwrite, unnamed=True) as temporary, \
+                _watched(meter, temporary):
             fmt.write(job, temporary)
+    if meter is not None:
+        meter.finish()
     return [destination]
+
+
+def _job_bytes(job: WriteJob) -> int:
+    """The tensor bytes a job writes, each stored tensor once."""
+    sizes = {ref.alias_key: ref.meta.numel * job.out_dtype(ref).itemsize
+             for ref in job.tensors.values()}
+    return sum(sizes.values())
 
 
 def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[str], *,
@@ -287,7 +307,8 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
          max_shard_size: int | str | None = None, experts: str | None = None,
          progress: Callable[[int, int], None] | None = None,
          layout_of: LayoutOf | None = None, rules: RulesSpec = None,
-         allow_incomplete: bool = False) -> list[Path]:
+         allow_incomplete: bool = False,
+         progress_bytes: Callable[[int, int], None] | None = None) -> list[Path]:
     """Save a model's or a state dict's weights so that they load anywhere.
 
     Every write is atomic (a temporary file beside the destination, fsynced, renamed), so a
@@ -322,6 +343,8 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
         allow_incomplete: With ``layout_of``: write what fits when the model does not fit
             the layout (keys of the layout the model cannot produce, or the other way round)
             or a pairing is a guess, logging what is left out, instead of raising.
+        progress_bytes: Called with (bytes written, total) a few times a second while the
+            files are written (the command line's progress bar).
 
     Returns:
         The paths written.
@@ -348,4 +371,4 @@ def save(obj: nn.Module | Mapping[str, torch.Tensor], path: str | os.PathLike[st
                    metadata={str(k): str(v) for k, v in (metadata or {}).items()},
                    kinds=kinds, legacy=legacy, progress=progress)
     return write_job(job, path, format=format, overwrite=overwrite,
-                     max_shard_size=max_shard_size)
+                     max_shard_size=max_shard_size, progress_bytes=progress_bytes)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -22,6 +23,7 @@ from torchgraft.cli.main import main
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
+@pytest.mark.slow
 def test_demo_json(run: Run, tmp_path: Path) -> None:
     result = run("demo", "--json", "--keep", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -90,6 +92,7 @@ def _printed_commands_run_in_the_kept_folder(data: dict, folder: Path) -> None:
         sys.modules.pop("mymodels", None)
 
 
+@pytest.mark.slow
 def test_demo_text_is_a_tour_at_80_columns() -> None:
     result = subprocess.run([sys.executable, "-m", "torchgraft", "demo"], capture_output=True,
                             text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})

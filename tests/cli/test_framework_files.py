@@ -9,6 +9,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import torchgraft as tg
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -23,12 +25,14 @@ def test_inspect_json_names_framework_and_quantization(run: Run) -> None:
     assert info["extras"]["__metadata__"]["quantization"]["Q4_K"] == 4
 
 
+@pytest.mark.slow
 def test_inspect_of_an_mlx_lm_shard_says_mlx(run: Run) -> None:
     result = run("inspect", str(FIXTURES / "mlx" / "llama_q4" / "model.safetensors"), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["format"] == "mlx"
 
 
+@pytest.mark.slow
 def test_convert_keras_to_safetensors(run: Run, tmp_path: Path) -> None:
     out = tmp_path / "cnn.safetensors"
     result = run("convert", str(FIXTURES / "keras" / "cnn.keras"), str(out))
@@ -36,6 +40,7 @@ def test_convert_keras_to_safetensors(run: Run, tmp_path: Path) -> None:
     assert tg.load(out)["stem.weight"].shape == (4, 3, 3, 3)
 
 
+@pytest.mark.slow
 def test_truncated_gguf_exits_2(run: Run, tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes((FIXTURES / "gguf" / "llama_mixed.gguf").read_bytes()[:100])
@@ -44,6 +49,7 @@ def test_truncated_gguf_exits_2(run: Run, tmp_path: Path) -> None:
     assert "bad.gguf" in result.stderr
 
 
+@pytest.mark.slow
 def test_inspect_an_orbax_step_folder_and_refuse_a_damaged_one(run: Run, tmp_path: Path) -> None:
     result = run("inspect", str(FIXTURES / "orbax" / "nnx" / "7"), "--json")
     assert result.returncode == 0, result.stderr

@@ -39,6 +39,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, torch.Tensor]]:
     return models, ckpt, trained.state_dict()
 
 
+@pytest.mark.slow
 def test_graft_adapts_and_saves_safetensors(run: Run, tmp_path: Path, setup: tuple) -> None:
     models, ckpt, trained = setup
     out = tmp_path / "out.safetensors"
@@ -53,6 +54,7 @@ def test_graft_adapts_and_saves_safetensors(run: Run, tmp_path: Path, setup: tup
     assert torch.equal(saved["fc.bias"][:10], trained["fc.bias"])
 
 
+@pytest.mark.slow
 def test_graft_json_missing_and_strict_exit_1(run: Run, tmp_path: Path, setup: tuple) -> None:
     models, ckpt, _ = setup
     args = ["graft", str(ckpt), "--model", f"{models}:net", "--model-kwargs",
@@ -63,20 +65,22 @@ def test_graft_json_missing_and_strict_exit_1(run: Run, tmp_path: Path, setup: t
     assert data["out"] is None and "--allow-incomplete" in data["error"]
     plain = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt")
     assert plain.returncode == 1 and not (tmp_path / "a.pt").exists()
-    assert "not saved to" in plain.stdout and "--allow-incomplete" in plain.stdout
+    assert "not saved to" in plain.stderr and "--allow-incomplete" in plain.stderr
+    assert "not saved" not in plain.stdout  # the report on stdout, the refusal on stderr
     result = run(*args, "--out", str(tmp_path / "a.pt"), "--no-adapt", "--json",
                  "--allow-incomplete")
-    assert result.returncode == 1
+    assert result.returncode == 5  # saved anyway: not 1, which says nothing was saved
     data = json.loads(result.stdout)
     assert data["missing"] == ["fc.weight", "fc.bias"] and data["out"] == str(tmp_path / "a.pt")
     assert set(torch.load(tmp_path / "a.pt", weights_only=True)) == {"conv.weight", "conv.bias",
                                                                       "fc.weight", "fc.bias"}
     strict = run(*args, "--out", str(tmp_path / "b.pt"), "--no-adapt", "--strict")
     assert strict.returncode == 1
-    assert "strict graft failed: Cannot load 'fc.weight'" in strict.stdout
+    assert "strict graft failed: Cannot load 'fc.weight'" in strict.stderr
     assert not (tmp_path / "b.pt").exists()
 
 
+@pytest.mark.slow
 def test_graft_bad_input_exit_2(run: Run, tmp_path: Path, setup: tuple) -> None:
     models, ckpt, _ = setup
     existing = tmp_path / "exists.pt"
@@ -98,6 +102,7 @@ def test_graft_bad_input_exit_2(run: Run, tmp_path: Path, setup: tuple) -> None:
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+@pytest.mark.slow
 def test_diff(run: Run, tmp_path: Path) -> None:
     a, b = tmp_path / "a.pt", tmp_path / "b.safetensors"
     torch.save({"w": torch.ones(3), "v": torch.zeros(2)}, a)
@@ -124,6 +129,7 @@ def net():
 '''
 
 
+@pytest.mark.slow
 def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     """Two same-shape norms under names nothing relates: filled, but a guess (exit 3)."""
     models = tmp_path / "guessing.py"
@@ -136,12 +142,12 @@ def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     result = run(*args, "--out", str(tmp_path / "a.pt"))
     assert result.returncode == 3, result.stderr
     assert "graft UNVERIFIED" in result.stdout and "to settle them" in result.stdout
-    assert not (tmp_path / "a.pt").exists() and "--allow-incomplete" in result.stdout
+    assert not (tmp_path / "a.pt").exists() and "--allow-incomplete" in result.stderr
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
     assert data["out"] is None and not (tmp_path / "b.pt").exists()
     kept = run(*args, "--out", str(tmp_path / "c.pt"), "--allow-incomplete")
-    assert kept.returncode == 3 and (tmp_path / "c.pt").is_file()
+    assert kept.returncode == 5 and (tmp_path / "c.pt").is_file()
     assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
     assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")
 
@@ -155,6 +161,7 @@ def attn():
 '''
 
 
+@pytest.mark.slow
 def test_graft_assumption_exit_3(run: Run, tmp_path: Path) -> None:
     """A bare file of another code base into a model with attention: its head count is assumed."""
     models = tmp_path / "attention.py"
@@ -167,7 +174,7 @@ def test_graft_assumption_exit_3(run: Run, tmp_path: Path) -> None:
     assert result.returncode == 3, result.stderr
     assert "assumed: attention head count: the model's: 2 heads, head size 4" in " ".join(
         result.stdout.split())
-    assert not (tmp_path / "a.pt").exists() and "guessed or assumed" in result.stdout
+    assert not (tmp_path / "a.pt").exists() and "guessed or assumed" in result.stderr
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and not data["guesses"]
     assert data["assumptions"][0]["assumed"] == "the model's: 2 heads, head size 4"

@@ -25,6 +25,7 @@ def dp_file(tmp_path: Path, model: SmallNet) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_table(run: Run, dp_file: Path) -> None:
     result = run("inspect", str(dp_file))
     assert result.returncode == 0, result.stderr
@@ -35,6 +36,7 @@ def test_table(run: Run, dp_file: Path) -> None:
     assert re.search(r"^module\.conv\.weight +\(8, 3, 3, 3\) +float32 *$", out, re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_json_and_console_script(dp_file: Path) -> None:
     assert CONSOLE_SCRIPT.exists()
     result = subprocess.run([str(CONSOLE_SCRIPT), "inspect", str(dp_file), "--json"],
@@ -56,6 +58,7 @@ def test_missing_file_is_one_line_exit_2(run: Run, tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_file_and_debug_traceback(run: Run, tmp_path: Path) -> None:
     path = tmp_path / "broken.safetensors"
     path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{")
@@ -67,6 +70,7 @@ def test_corrupt_file_and_debug_traceback(run: Run, tmp_path: Path) -> None:
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
+@pytest.mark.slow
 def test_unsafe_file_refused_then_opted_in(run: Run, tmp_path: Path) -> None:
     marker = tmp_path / "RAN"
     path = tmp_path / "payload.pt"
@@ -143,6 +147,7 @@ def test_debug_works_after_the_command(run: Run, tmp_path: Path) -> None:
     assert "Traceback" in result.stderr and "no such file" in result.stderr
 
 
+@pytest.mark.slow
 def test_names_from_a_file_are_shown_safely(run: Run, tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -156,6 +161,7 @@ def test_names_from_a_file_are_shown_safely(run: Run, tmp_path: Path) -> None:
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_summary_reads_well_at_80_columns(tmp_path: Path) -> None:
     import os
     import subprocess

@@ -80,6 +80,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "longmodels.py", ckpt
 
 
+@pytest.mark.slow
 def test_default_output_summarises_renames_and_fits_80_columns(
         tmp_path: Path, setup: tuple[Path, Path]) -> None:
     models, ckpt = setup
@@ -120,6 +121,7 @@ def test_rows_are_cut_only_on_a_terminal() -> None:
             assert " ".join(text.split()) == " ".join(f"missing {rows[0][1]} {rows[0][2]}".split())
 
 
+@pytest.mark.slow
 def test_details_lists_every_key_and_quiet_only_the_verdict(
         tmp_path: Path, setup: tuple[Path, Path]) -> None:
     models, ckpt = setup
@@ -135,6 +137,7 @@ def test_details_lists_every_key_and_quiet_only_the_verdict(
     assert quiet.stderr == ""
 
 
+@pytest.mark.slow
 def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) -> None:
     models, ckpt = setup
     result = _run("graft", str(ckpt), "--model", f"{models}:long_names", "--out",
@@ -143,6 +146,7 @@ def test_cli_and_library_say_the_same(tmp_path: Path, setup: tuple[Path, Path]) 
     assert result.stdout.splitlines()[0] == report.headline() == str(report).splitlines()[0]
 
 
+@pytest.mark.slow
 def test_diff_lists_ten_of_each_kind_unless_details(tmp_path: Path) -> None:
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     torch.save({f"layer.{i}.weight": torch.ones(2) for i in range(25)}, a)
@@ -156,6 +160,7 @@ def test_diff_lists_ten_of_each_kind_unless_details(tmp_path: Path) -> None:
     assert len(_run("diff", str(a), str(b), "-q").stdout.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_html_report_written_by_the_cli(tmp_path: Path, setup: tuple[Path, Path]) -> None:
     models, ckpt = setup
     page = tmp_path / "report.html"

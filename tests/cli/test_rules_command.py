@@ -7,6 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
@@ -19,6 +20,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 FACTORY = "tests/graft/pairs/codebases.py:gpt_fast_llama"
 
 
+@pytest.mark.slow
 def test_graft_with_a_yaml_file_of_operation_rules(run: Run, tmp_path: Path) -> None:
     hf = randomise(ARCHS["transformers Llama"].build(), seed=2)
     source = tmp_path / "hf.safetensors"
@@ -36,6 +38,7 @@ def test_graft_with_a_yaml_file_of_operation_rules(run: Run, tmp_path: Path) -> 
     assert all(torch.equal(saved[k], v) for k, v in expected.items())
 
 
+@pytest.mark.slow
 def test_a_bad_operation_rule_exits_2_naming_it(run: Run, tmp_path: Path) -> None:
     hf = ARCHS["transformers Llama"].build()
     source = tmp_path / "hf.safetensors"
@@ -50,6 +53,7 @@ def test_a_bad_operation_rule_exits_2_naming_it(run: Run, tmp_path: Path) -> Non
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_graft_saves_in_the_layout_of_another_checkpoint(run: Run, tmp_path: Path) -> None:
     """A gpt-fast checkpoint, saved in transformers' Llama layout: q, k, v taken apart."""
     hf = randomise(ARCHS["transformers Llama"].build(), seed=5)

@@ -28,6 +28,7 @@ def test_dataparallel_checkpoint_saved_on_cuda1_into_bare_model(tmp_path: Path) 
     assert torch.equal(model(x), trained(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrap", ["dataparallel", "compile", "both"])
 def test_bare_checkpoint_into_wrapped_model(tmp_path: Path, wrap: str) -> None:
     trained = small_net(2)
@@ -41,6 +42,7 @@ def test_bare_checkpoint_into_wrapped_model(tmp_path: Path, wrap: str) -> None:
     assert_same_state(inner.state_dict(), trained.state_dict())
 
 
+@pytest.mark.slow
 def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
     pretrained = pretrained_resnet18()
     path = tmp_path / "resnet18.pth"
@@ -69,6 +71,7 @@ def test_pretrained_into_4_channel_21_class_variant(tmp_path: Path) -> None:
         torch.testing.assert_close(kept(rgbd), pretrained(rgb)[:, :21], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fewer_input_channels_fold_by_sum(tmp_path: Path) -> None:
     pretrained = pretrained_resnet18()
     grey = ResNet18(num_classes=1000, in_chans=1).eval()

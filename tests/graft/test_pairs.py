@@ -181,6 +181,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return diff
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
 def test_pair_from_every_flavour(pair: Pair, tmp_path: Path) -> None:
     torch.manual_seed(0)
@@ -208,6 +209,7 @@ def test_pair_from_every_flavour(pair: Pair, tmp_path: Path) -> None:
             _close(_logits(target(pair.inputs)), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.name)
 def test_pair_with_two_layers_swapped_is_caught(pair: Pair) -> None:
     torch.manual_seed(0)
@@ -337,6 +339,7 @@ def test_source_inputs_differ_from_the_targets() -> None:
         _close(target(rgbd), source(rgb))
 
 
+@pytest.mark.slow
 def test_paddle_resnet_into_transformers_resnet(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
     import numpy as np

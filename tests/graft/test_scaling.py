@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
@@ -45,6 +46,7 @@ def plan_seconds(experts: int, prefix: str) -> float:
     return cpu_seconds(lambda: build_plan(src, dst, match="name"))
 
 
+@pytest.mark.slow
 def test_planning_is_linear_by_name_and_by_prefix() -> None:
     for prefix in ("", "backbone."):  # exact names; a prefix only the model has
         small, large = plan_seconds(250, prefix), plan_seconds(1000, prefix)  # 3k, 12k tensors
@@ -76,11 +78,13 @@ def graft_seconds(tmp_path: Path, count: int, stored: int | None = None) -> floa
     return seconds
 
 
+@pytest.mark.slow
 def test_grafting_many_tensors_into_a_meta_model_is_linear(tmp_path: Path) -> None:
     small, large = graft_seconds(tmp_path, 1000), graft_seconds(tmp_path, 4000)
     assert large <= LIMIT * small, (small, large)
 
 
+@pytest.mark.slow
 def test_a_meta_model_mostly_left_on_meta_is_reported_in_linear_time(tmp_path: Path) -> None:
     small, large = graft_seconds(tmp_path, 2000, 200), graft_seconds(tmp_path, 8000, 800)
     assert large <= LIMIT * small, (small, large)

@@ -89,6 +89,7 @@ def test_a_block_of_a_compressed_storage_is_cut_from_the_whole(tmp_path: Path) -
     assert torch.equal(out, FULL[1:3])
 
 
+@pytest.mark.slow
 def test_a_block_of_dcp_reads_the_chunks_it_spans(two_rank_dcp: Path) -> None:
     """Written by 2 ranks (rows and columns halved), read in blocks of another sharding:
     only the chunks the block overlaps are opened, and only the overlap's bytes read."""

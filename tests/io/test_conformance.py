@@ -247,6 +247,7 @@ def test_the_seed_loads_and_meta_agrees_with_get(seeds: dict[str, tuple[Path, Pa
     assert len(tg.load(opened)) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_damaged_files_load_or_are_refused(seeds: dict[str, tuple[Path, Path]],
                                            name: str, tmp_path: Path) -> None:
@@ -561,6 +562,7 @@ def _refused(seed: tuple[Path, Path], folder: Path) -> Path:
     return work / opened.relative_to(opened.parent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_refused_files_keep_no_descriptor(seeds: dict[str, tuple[Path, Path]], name: str,
                                           tmp_path: Path) -> None:

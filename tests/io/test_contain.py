@@ -61,6 +61,7 @@ def test_a_pipeline_in_the_hub_cache_loads(tmp_path: Path) -> None:
     assert_same_state(tg.load(snapshot), tg.load(folder))
 
 
+@pytest.mark.slow
 def test_a_link_into_another_repositorys_blobs_is_refused(tmp_path: Path) -> None:
     snapshot, _ = _hub_sharded(tmp_path / "hub")
     other, _ = _hub_sharded(tmp_path / "hub", "org/other")

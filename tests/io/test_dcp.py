@@ -13,6 +13,7 @@ from tests.dcp_writer import expected
 from tests.helpers import assert_same_state, assert_scales_linearly, cpu_seconds
 
 
+@pytest.mark.slow
 def test_two_rank_checkpoint_reads_in_one_process(two_rank_dcp: Path) -> None:
     assert sorted(p.name for p in two_rank_dcp.glob("*.distcp")) == ["__0_0.distcp",
                                                                      "__1_0.distcp"]
@@ -34,6 +35,7 @@ def test_missing_data_file_is_reported(two_rank_dcp: Path, tmp_path: Path) -> No
         tg.open(broken)
 
 
+@pytest.mark.slow
 def test_fsdp2_training_checkpoint_loads_and_grafts(tmp_path: Path) -> None:
     from tests.dcp_writer import fsdp2_model, write_fsdp2
 

@@ -109,6 +109,7 @@ print(json.dumps({"attempts": attempts,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_torchgraft_never_imports_tensorflow_jax_or_mlx(onnx_file: Path) -> None:
     """Every torchgraft module imported and every framework fixture read, in a fresh process:

@@ -72,6 +72,7 @@ def test_the_error_names_what_the_file_is(files: dict[str, Path], name: str) -> 
         assert "BadZipFile" not in str(caught.value) and "header length" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_the_cli_says_it_in_one_line(files: dict[str, Path]) -> None:
     for name in ("lfs.safetensors",):
         result = subprocess.run([sys.executable, "-m", "torchgraft", "inspect", str(files[name])],

@@ -75,6 +75,7 @@ def test_external_data_is_read_by_offset(tmp_path: Path, exported: tuple[Net, Pa
     assert set(tg.load(converted)) == set(Net().state_dict())
 
 
+@pytest.mark.slow
 def test_dynamo_export_with_external_data_grafts_back(tmp_path: Path) -> None:
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)
@@ -204,6 +205,7 @@ class CondNet(nn.Module):
         return torch.cond(x.sum() > 0, self.a, self.b, (x,))  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_dynamo_export_of_torch_cond_grafts_back(tmp_path: Path) -> None:
     pytest.importorskip("onnxscript")
     torch.manual_seed(0)

@@ -35,6 +35,7 @@ def resnet_state() -> dict[str, np.ndarray]:
     return _resnet18_state()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", [2, 3, 4])
 def test_real_paddle_resnet18(tmp_path: Path, resnet_state: dict[str, np.ndarray],
                               protocol: int) -> None:
@@ -50,6 +51,7 @@ def test_real_paddle_resnet18(tmp_path: Path, resnet_state: dict[str, np.ndarray
     assert_same_state(tg.load(path), expected)
 
 
+@pytest.mark.slow
 def test_reads_without_paddle_installed(tmp_path: Path,
                                         resnet_state: dict[str, np.ndarray]) -> None:
     path = tmp_path / "resnet18.pdparams"

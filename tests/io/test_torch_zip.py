@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -103,6 +104,7 @@ _LAB_MODELS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_whole_model_whose_class_is_not_importable(tmp_path: Path) -> None:
     code = tmp_path / "code"
     code.mkdir()

@@ -151,15 +151,25 @@ def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[Gra
                       "--keep DIR keeps them.", highlight=False)
 
 
+def _new_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """``--keep``: a folder that does not exist yet, or an empty one (nothing is replaced)."""
+    if value is not None and value.is_dir() and any(value.iterdir()):
+        raise click.BadParameter(f"'{value}' already holds files; give a new or empty folder",
+                                 ctx=ctx, param=param)
+    return value
+
+
 @click.command()
-@click.option("--keep", "keep", type=click.Path(path_type=Path), default=None, metavar="DIR",
-              help="Write the example checkpoints into DIR and keep them.")
+@click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False), default=None,
+              metavar="DIR", callback=_new_folder,
+              help="Write the example checkpoints into DIR (new or empty) and keep them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def demo(keep: Path | None, as_json: bool) -> int:
     """A guided tour: fourteen checkpoint problems, the plain PyTorch error, and the fix.
 
     Every file is read without running code from it and loaded on this machine's CPU,
     whatever device it was saved on; then checkpoints go into models that differ from them.
+    Exit codes: 0 every step passed its check, 1 one did not, 2 bad input.
     """
     from ..demo import graft_tour, write_examples
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
 
+from .checks import source_path
+from .progress import steps
 from .render import print_json, print_rows
 from .text import one_line
 
@@ -19,8 +20,8 @@ SHOWN = 10
 
 
 @click.command("diff")
-@click.argument("a", type=click.Path(path_type=Path))
-@click.argument("b", type=click.Path(path_type=Path))
+@click.argument("a", type=click.Path(path_type=Path), callback=source_path)
+@click.argument("b", type=click.Path(path_type=Path), callback=source_path)
 @click.option("--json", "as_json", is_flag=True, help="Print the differences as JSON.")
 @click.option("--unsafe", is_flag=True, help="Let the files' pickles run code. Trusted files "
                                              "only.")
@@ -33,15 +34,13 @@ def diff_command(a: Path, b: Path, as_json: bool, unsafe: bool, keep_wrappers: b
                  details: bool, quiet: bool) -> int:
     """Compare the weights of checkpoints A and B (any formats).
 
-    Exit codes: 0 identical, 1 they differ, 2 bad input.
+    Exit codes: 0 identical, 1 they differ, 2 bad input, 130 interrupted.
     """
     from ..diff import diff
 
-    with Progress(console=Console(stderr=True), transient=True, disable=quiet) as bar:
-        task = bar.add_task("comparing", total=None)
+    with steps("comparing", quiet=quiet) as progress:
         report = diff(a, b, unsafe=unsafe, keep_wrappers=keep_wrappers,
-                      progress=lambda done, total: bar.update(task, completed=done,
-                                                              total=total))
+                      progress=progress.counter("tensors"))
     console = Console(soft_wrap=as_json)
     if as_json:
         print_json(console, report.to_dict())

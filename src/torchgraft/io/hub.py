@@ -19,32 +19,15 @@ import re
 from pathlib import Path
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from ..hub_ids import repo_id
 from .contain import contained, read_contained
 
-__all__ = ["REPO_ID", "repo_id", "resolve"]
+__all__ = ["resolve"]
 
-#: ``org/name`` or ``org/name@revision`` (a branch, tag or commit), as the Hub spells ids.
-REPO_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
-                     r"(?:@(?P<revision>[\w.-]{1,255}))?")
 #: What a ``refs/<revision>`` file holds: a commit's hash.
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 #: A ``refs`` file is a hash and perhaps a newline.
 _MAX_REF = 256
-
-
-def repo_id(text: str) -> tuple[str, str | None] | None:
-    """The repository and revision ``text`` names, if it is spelled as a Hub id.
-
-    Args:
-        text: A command-line argument or a path given as a string.
-
-    Returns:
-        ``(repo, revision)``; ``None`` when it is not an id (an absolute path, ``./x``, ``a/b/c``).
-    """
-    match = REPO_ID.fullmatch(text)
-    if match is None or ".." in text:
-        return None
-    return match["repo"], match["revision"]
 
 
 def resolve(text: str, *, follow_links: bool = False) -> Path:

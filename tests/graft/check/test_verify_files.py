@@ -51,6 +51,7 @@ def test_a_folder_with_a_config_verifies_the_graft(tmp_path: Path) -> None:
         assert torch.allclose(target(TOKENS), source(TOKENS).logits, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_another_head_count_with_the_same_shapes_diverges(tmp_path: Path) -> None:
     """Names and shapes all fit; only the outputs can tell: never ok."""
     report = tg.graft(_saved(randomise(hf_llama()), tmp_path), meta_llama(heads=TWIN_HEADS))
@@ -72,6 +73,7 @@ def test_without_verification_the_same_graft_is_not_verified(tmp_path: Path) -> 
     assert Evidence.VERIFIED not in report.evidence.values()
 
 
+@pytest.mark.slow
 def test_source_model_settles_the_rotary_order(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A transformers Llama state dict into a Llama whose names no family table lists

@@ -22,6 +22,9 @@ import torchgraft as tg
 from tests.dcp_writer import write_fsdp2
 from tests.graft.fill.dtensor_ranks import MLP
 
+#: One launch of several ranks, shared by every test here: over ten seconds in all.
+pytestmark = pytest.mark.slow
+
 RANKS = 4
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -12,6 +12,7 @@ import torchgraft as tg
 from tests.models import NanoGPT, ResNet18
 
 
+@pytest.mark.slow
 def test_paddle_resnet18_pdparams_into_pytorch(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
     from paddle.vision.models import resnet18

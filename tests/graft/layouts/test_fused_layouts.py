@@ -56,6 +56,7 @@ def test_rotary_rows_of_a_fused_qkv_reorder_q_and_k_only() -> None:
     assert torch.equal(got, torch.cat([*parts, v]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("way", ["from gpt-fast", "into gpt-fast"])
 def test_gpt_fast_grouped_query_wqkv_from_the_module(way: str) -> None:
     hf, fast = _llama(4, 2), _gpt_fast(4, 2)

@@ -42,6 +42,7 @@ def ids() -> torch.Tensor:
     return torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("way", ["phi3->llama", "llama->phi3"])
 def test_fused_gate_up_and_split_gate_up_both_ways(way: str, ids: torch.Tensor) -> None:
     torch.manual_seed(0)

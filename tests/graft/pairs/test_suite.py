@@ -58,6 +58,7 @@ def test_reference_mapping_gives_equal_outputs(pair: Pair) -> None:
     assert outputs_equal(run(pair.target, target), run(pair.source, source))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("pair", "flavour"), CASES)
 def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
     outcome = graft_case(pair, flavour, tmp_path)
@@ -69,6 +70,7 @@ def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
     assert outcome.equal, f"{outcome.verdict} with other outputs\n{outcome.report}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("pair", "twin", "flavour"), TWIN_CASES)
 def test_broken_twin_is_never_ok(pair: Pair, twin: str, flavour: str, tmp_path: Path) -> None:
     outcome = graft_case(pair, flavour, tmp_path, twin=twin)
