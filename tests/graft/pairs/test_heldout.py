@@ -56,9 +56,14 @@ from tests.graft.pairs.tables import layouts_between, recognised  # noqa: E402
 _TWINS = ("deeper", "heads", "norms")
 
 
+class ShortOfTheBar(AssertionError):
+    """A case that is not (yet) filled right, or not ok where it should be: what a NOT_YET
+    mark expects. A false ok or an error is never expected: it fails even under the mark."""
+
+
 def _marked(pair: str, case: str) -> list[pytest.MarkDecorator]:
     reason = NOT_YET.get((pair, case))
-    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    return [pytest.mark.xfail(strict=True, reason=reason, raises=ShortOfTheBar)] if reason else []
 
 
 CASES = [pytest.param(pair, flavour, id=f"{pair.name} [{flavour}]",
@@ -78,8 +83,10 @@ def _meets_the_bar(outcome: Outcome, flavour: str) -> None:
     assert not (outcome.verdict == "ok" and not outcome.equal), (
         f"false ok: outputs differ\n{outcome.report}")
     allowed = ("ok",) if flavour == "module" else ("ok", "UNVERIFIED")
-    assert outcome.verdict in allowed, str(outcome.report)
-    assert outcome.equal, f"{outcome.verdict} with other outputs\n{outcome.report}"
+    if outcome.verdict not in allowed:
+        raise ShortOfTheBar(str(outcome.report))
+    if not outcome.equal:
+        raise ShortOfTheBar(f"{outcome.verdict} with other outputs\n{outcome.report}")
 
 
 def _never_ok(outcome: Outcome) -> None:
