@@ -9,6 +9,8 @@ Each subcommand runs in the environment that has its framework, never torchgraft
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-modes  # mlx, mlx-lm
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-whisper  # + mlx-whisper
+    #   (mlx-whisper installed --no-deps, with tiktoken: only its model module is imported)
 
 Every fixture is a tiny model with fixed seeds, saved by the framework's own save function,
 with the framework's outputs for fixed inputs beside it (``*_io.npz``) so that tests check
@@ -627,6 +629,86 @@ def make_mlx() -> None:
             ["mlx", "mlx-lm", "numpy"])
 
 
+#: mlx-whisper's model dimensions for the held-out fixture: those of the held-out suite's narrow
+#: Whisper models (tests/graft/pairs/heldout_codebases.py), whose outputs are compared there.
+_MLX_WHISPER = {"n_mels": 16, "n_audio_ctx": 8, "n_audio_state": 32, "n_audio_head": 4,
+                "n_audio_layer": 2, "n_vocab": 96, "n_text_ctx": 12, "n_text_state": 32,
+                "n_text_head": 4, "n_text_layer": 2}
+
+
+def _mlx_whisper_module() -> Any:
+    """mlx_whisper.whisper without the package's __init__ (transcription: numba, scipy, torch)."""
+    import importlib
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("mlx_whisper")
+    assert spec is not None and spec.submodule_search_locations is not None
+    package = types.ModuleType("mlx_whisper")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules.setdefault("mlx_whisper", package)
+    return importlib.import_module("mlx_whisper.whisper")
+
+
+def _randomise_mlx(model: Any, rng: np.random.Generator) -> None:
+    """Random floats everywhere, norms' scales away from 0 and 1 (as the torch tests do)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    new = []
+    for name, value in tree_flatten(model.parameters()):
+        if value.dtype != mx.float32:
+            continue  # alignment_heads: indices
+        norm = name.endswith("ln.weight") or name.endswith("ln_post.weight")
+        array = rng.random(value.shape) + 0.5 if norm else rng.standard_normal(value.shape) * 0.1
+        new.append((name, mx.array(array.astype(np.float32))))
+    model.update(tree_unflatten(new))
+
+
+def make_mlx_whisper() -> None:
+    """mlx-whisper's Whisper and two broken twins, saved by MLX's save_weights.
+
+    The held-out suite's MLX file: plain safetensors, no marker, convolutions channels last,
+    tensors in hash order. whisper.safetensors: the model (seed 0); whisper_deeper: one more
+    block in the encoder and the decoder; whisper_norms: encoder block 0's two norms swapped.
+    whisper_io.npz: the inputs (mel as PyTorch's [batch, mels, frames], tokens) and the
+    unbroken model's logits.
+    """
+    import mlx.core as mx
+
+    whisper = _mlx_whisper_module()
+    out = OUT / "mlx"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def build(deeper: bool = False) -> Any:
+        dims = dict(_MLX_WHISPER)
+        if deeper:
+            dims["n_audio_layer"] += 1
+            dims["n_text_layer"] += 1
+        model = whisper.Whisper(whisper.ModelDimensions(**dims), mx.float32)
+        _randomise_mlx(model, np.random.default_rng(0))
+        return model
+
+    model = build()
+    rng = np.random.default_rng(1)
+    mel = rng.standard_normal((2, 16, 16)).astype(np.float32)  # [batch, frames, mels]
+    tokens = rng.integers(3, 95, (2, 12))
+    logits = np.array(model(mx.array(mel), mx.array(tokens)))
+    model.save_weights(str(out / "whisper.safetensors"))
+    build(deeper=True).save_weights(str(out / "whisper_deeper.safetensors"))
+    block = model.encoder.blocks[0]
+    block.attn_ln, block.mlp_ln = block.mlp_ln, block.attn_ln
+    model.save_weights(str(out / "whisper_norms.safetensors"))
+    np.savez(out / "whisper_io.npz", mel=mel.transpose(0, 2, 1), tokens=tokens, logits=logits)
+    _record("mlx/whisper", sorted(f"mlx/{name}" for name in (
+        "whisper.safetensors", "whisper_deeper.safetensors", "whisper_norms.safetensors",
+        "whisper_io.npz")),
+            "mlx-whisper whisper.Whisper (float32, parameters randomised with numpy seed 0) "
+            "saved by save_weights; a deeper twin and one with encoder block 0's norms "
+            "swapped, the same way; logits: the unbroken model's for mel and tokens",
+            ["mlx", "mlx-whisper", "numpy"])
+
+
 #: mlx-lm's per-module quantization for the modes fixture: every mode MLX has, and affine
 #: widths that do not divide a byte; the rest of the model gets the default (mxfp4).
 _MLX_MODES = {"model.embed_tokens": {"group_size": 32, "bits": 3, "mode": "affine"},
@@ -696,7 +778,8 @@ COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_
                                           "keras": make_keras, "keras-full": make_keras_full,
                                           "flax": make_flax, "flax-bf16": make_flax_bf16,
                                           "orbax": make_orbax,
-                                          "mlx": make_mlx, "mlx-modes": make_mlx_modes}
+                                          "mlx": make_mlx, "mlx-modes": make_mlx_modes,
+                                          "mlx-whisper": make_mlx_whisper}
 
 if __name__ == "__main__":
     for command in sys.argv[1:] or list(COMMANDS):

@@ -1,8 +1,10 @@
 """Print the real code-base pairs suite's table: pair x flavour -> verdict, outputs equal.
 
-Usage: ``PYTHONPATH=src python scripts/pairs_table.py [--markdown]`` from the repository root
-(the code bases come from ``scripts/setup.sh test``). Broken twins are listed after the pairs;
-a twin's outputs never equal the source's, so any ``ok`` there is a false ok.
+Usage: ``PYTHONPATH=src python scripts/pairs_table.py [--heldout]`` from the repository root
+(the code bases come from ``scripts/setup.sh test``). ``--heldout``: the held-out suite (code
+bases none of torchgraft's name tables lists, issue 27) instead of the real-pairs suite. Broken
+twins are listed after the pairs; a twin's outputs never equal the source's, so any ``ok``
+there is a false ok.
 """
 
 from __future__ import annotations
@@ -10,31 +12,62 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.graft.pairs.expectations import NOT_YET, UNDECIDABLE
-from tests.graft.pairs.pairs import case_key, cases, graft_case
+from tests.graft.pairs import expectations, heldout_expectations
+from tests.graft.pairs.pairs import PAIRS, Outcome, Pair, case_key, cases, graft_case
+
+#: One case: its row (the pair), its column (flavour, or twin/flavour), and how to run it.
+Case = tuple[str, str, Callable[[], Outcome]]
+
+
+def _pair_cases(pairs: list[Pair]) -> Iterator[Case]:
+    for pair, flavour, twin in cases(pairs):
+        def run(pair: Pair = pair, flavour: str = flavour, twin: str | None = twin) -> Outcome:
+            with tempfile.TemporaryDirectory() as folder:
+                return graft_case(pair, flavour, Path(folder), twin=twin)
+
+        yield (*case_key(pair, flavour, twin), run)
+
+
+def _heldout_cases() -> Iterator[Case]:
+    """The held-out pairs, then MLX's file (one way) into each of its targets, with twins."""
+    from tests.graft.pairs import heldout_mlx as mlx
+    from tests.graft.pairs.heldout import HELDOUT_PAIRS
+
+    yield from _pair_cases(HELDOUT_PAIRS)
+    for target in mlx.TARGETS:
+        for twin in mlx.FILES:
+            column = mlx.FLAVOUR if twin is None else f"{twin}/{mlx.FLAVOUR}"
+            yield (f"{mlx.SOURCE} -> {target}", column,
+                   lambda target=target, twin=twin: mlx.graft_mlx(target, twin))
 
 
 def main() -> int:
-    """Run every case and print one row per pair."""
+    """Run every case of the chosen suite and print one row per pair."""
+    suite: Iterator[Case]
+    expected: ModuleType
+    if "--heldout" in sys.argv[1:]:
+        suite, expected = _heldout_cases(), heldout_expectations
+    else:
+        suite, expected = _pair_cases(PAIRS), expectations
     rows: dict[str, dict[str, str]] = {}
     columns: list[str] = []
     false_ok = 0
     start = time.perf_counter()
-    for pair, flavour, twin in cases():
-        name, column = case_key(pair, flavour, twin)
-        with tempfile.TemporaryDirectory() as folder:
-            try:
-                outcome = graft_case(pair, flavour, Path(folder), twin=twin)
-                cell = outcome.row()
-                false_ok += outcome.verdict == "ok" and not outcome.equal
-            except Exception as exc:  # a case that fails outright is shown, not hidden
-                cell = f"error: {type(exc).__name__}"
-        marks = ("x" if (name, column) in NOT_YET else "") + \
-                ("u" if (name, column) in UNDECIDABLE else "")
+    for name, column, run in suite:
+        try:
+            outcome = run()
+            cell = outcome.row()
+            false_ok += outcome.verdict == "ok" and not outcome.equal
+        except Exception as exc:  # a case that fails outright is shown, not hidden
+            cell = f"error: {type(exc).__name__}"
+        marks = ("x" if (name, column) in expected.NOT_YET else "") + \
+                ("u" if (name, column) in expected.UNDECIDABLE else "")
         rows.setdefault(name, {})[column] = cell + (f" ({marks})" if marks else "")
         if column not in columns:
             columns.append(column)

@@ -36,6 +36,7 @@ class Inputs:
     tokens: torch.Tensor
     images: torch.Tensor
     mel: torch.Tensor
+    audio: torch.Tensor
 
     @classmethod
     def make(cls, seed: int = 0) -> Inputs:
@@ -43,7 +44,8 @@ class Inputs:
         tokens = torch.randint(3, VOCAB - 1, (2, 12), generator=generator)
         tokens[:, -1] = VOCAB - 1  # CLIP pools at the largest id (its end-of-text token)
         return cls(tokens, torch.randn(2, 3, 32, 32, generator=generator),
-                   torch.randn(2, 16, 16, generator=generator))
+                   torch.randn(2, 16, 16, generator=generator),
+                   torch.randn(2, 1, 64, generator=generator))  # mono waveforms, 8 codec frames
 
 
 Runner = Callable[[nn.Module, Inputs], torch.Tensor]
@@ -322,7 +324,8 @@ ARCHS = {arch.name: arch for arch in (
 
 
 def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random values everywhere, norms away from 1 and 0, so that a swap or a drop shows."""
+    """Random values everywhere, norms (and weight norms' magnitudes) away from 1 and 0, so that a
+    swap or a drop shows."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, tensor in model.state_dict(keep_vars=True).items():
@@ -330,7 +333,9 @@ def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
                 continue
             leaf = name.rpartition(".")[2]
             norm = tensor.ndim == 1 and leaf in ("weight", "scale", "gamma")
-            if leaf in ("running_var", "logit_scale") or norm:
+            # a weight norm's magnitude (old and new names): each output channel's norm
+            magnitude = leaf in ("weight_g", "original0")
+            if leaf in ("running_var", "logit_scale") or norm or magnitude:
                 tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
             elif ("positional_embedding" in name and "encoder" in name) or leaf == "inv_freq":
                 continue  # computed constants (whisper's sinusoids, rotary frequencies)

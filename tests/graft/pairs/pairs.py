@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,14 +36,15 @@ class Pair:
         target: The target architecture.
         reference: The source's state dict to the target's (built lazily: the reverse way
             needs an example state dict to invert the forward mapping).
-        norms: Two same-shape norms of the source (module paths), for the swapped twin.
+        norms: Two same-shape norms of the source (module paths), for the swapped twin
+            (``None``: the architecture has no norms).
         heads: Whether the architecture has attention heads (for the head-count twin).
     """
 
     source: Arch
     target: Arch
     reference: Callable[[], ref.Mapping]
-    norms: tuple[str, str]
+    norms: tuple[str, str] | None
     heads: bool = True
 
     @property
@@ -51,54 +52,62 @@ class Pair:
         return f"{self.source.name} -> {self.target.name}"
 
 
-def _both_ways(a: str, b: str, forward: ref.Mapping, norms: tuple[tuple[str, str], ...],
-               heads: bool = True) -> list[Pair]:
-    """The pair A -> B with its reference, and B -> A with the inverse."""
-    source, target = ARCHS[a], ARCHS[b]
+def both_ways(a: str, b: str, forward: ref.Mapping,
+              norms: tuple[tuple[str, str] | None, tuple[str, str] | None], heads: bool = True,
+              *, archs: Mapping[str, Arch] = ARCHS,
+              inverse: Callable[[ref.State], ref.Mapping] | None = None) -> list[Pair]:
+    """The pair A -> B with its reference, and B -> A with the inverse.
+
+    ``inverse`` makes the way back from an example state dict of A; by default
+    :func:`~tests.graft.pairs.references.inverse` of ``forward``, which holds for mappings
+    that only move elements.
+    """
+    source, target = archs[a], archs[b]
+    invert = inverse or functools.partial(ref.inverse, forward)
 
     def backwards() -> ref.Mapping:
-        return ref.inverse(forward, source.build().state_dict())
+        return invert(source.build().state_dict())
 
     return [Pair(source, target, lambda: forward, norms[0], heads),
             Pair(target, source, backwards, norms[1], heads)]
 
 
 PAIRS = [
-    *_both_ways("transformers GPT-NeoX", "GPT-NeoX-style GPT", ref.hf_gpt_neox_to_neox_gpt,
-                (("gpt_neox.layers.0.input_layernorm",
-                  "gpt_neox.layers.0.post_attention_layernorm"), ("blocks.0.ln1", "blocks.0.ln2"))),
-    *_both_ways("transformers Llama", "torchtune Llama", ref.hf_llama_to_torchtune,
-                (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
-                 ("layers.0.sa_norm", "layers.0.mlp_norm"))),
-    *_both_ways("transformers Llama", "gpt-fast Llama", ref.hf_llama_to_gpt_fast,
-                (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
-                 ("layers.0.attention_norm", "layers.0.ffn_norm"))),
-    *_both_ways("transformers Llama", "Meta Llama", ref.hf_llama_to_meta,
-                (("model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm"),
-                 ("layers.1.attention_norm", "layers.1.ffn_norm"))),
-    *_both_ways("transformers GPT-2", "nanoGPT", ref.hf_gpt2_to_nanogpt,
-                (("transformer.h.0.ln_1", "transformer.h.0.ln_2"),
-                 ("transformer.h.0.ln_1", "transformer.h.0.ln_2"))),
-    *_both_ways("timm ResNet", "transformers ResNet", ref.timm_resnet_to_hf_resnet,
-                (("layer1.0.bn1", "layer1.0.bn2"),
-                 ("resnet.encoder.stages.0.layers.0.layer.0.normalization",
-                  "resnet.encoder.stages.0.layers.0.layer.1.normalization")), heads=False),
-    *_both_ways("efficientnet_pytorch EfficientNet", "transformers EfficientNet",
-                ref.efficientnet_pytorch_to_hf,
-                (("_blocks.1._bn0", "_blocks.1._bn1"),
-                 ("efficientnet.encoder.blocks.1.expansion.expand_bn",
-                  "efficientnet.encoder.blocks.1.depthwise_conv.depthwise_norm")), heads=False),
-    *_both_ways("timm ViT", "transformers ViT", ref.timm_vit_to_hf_vit,
-                (("blocks.0.norm1", "blocks.0.norm2"),
-                 ("vit.layers.0.layernorm_before", "vit.layers.0.layernorm_after"))),
-    *_both_ways("open_clip CLIP (OpenAI layout)", "transformers CLIP", ref.open_clip_to_hf_clip,
-                (("transformer.resblocks.0.ln_1", "transformer.resblocks.0.ln_2"),
-                 ("text_model.encoder.layers.0.layer_norm1",
-                  "text_model.encoder.layers.0.layer_norm2"))),
-    *_both_ways("openai-whisper", "transformers Whisper", ref.openai_whisper_to_hf_whisper,
-                (("encoder.blocks.0.attn_ln", "encoder.blocks.0.mlp_ln"),
-                 ("model.encoder.layers.0.self_attn_layer_norm",
-                  "model.encoder.layers.0.final_layer_norm"))),
+    *both_ways("transformers GPT-NeoX", "GPT-NeoX-style GPT", ref.hf_gpt_neox_to_neox_gpt,
+               (("gpt_neox.layers.0.input_layernorm",
+                 "gpt_neox.layers.0.post_attention_layernorm"), ("blocks.0.ln1", "blocks.0.ln2"))),
+    *both_ways("transformers Llama", "torchtune Llama", ref.hf_llama_to_torchtune,
+               (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
+                ("layers.0.sa_norm", "layers.0.mlp_norm"))),
+    *both_ways("transformers Llama", "gpt-fast Llama", ref.hf_llama_to_gpt_fast,
+               (("model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm"),
+                ("layers.0.attention_norm", "layers.0.ffn_norm"))),
+    *both_ways("transformers Llama", "Meta Llama", ref.hf_llama_to_meta,
+               (("model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm"),
+                ("layers.1.attention_norm", "layers.1.ffn_norm"))),
+    *both_ways("transformers GPT-2", "nanoGPT", ref.hf_gpt2_to_nanogpt,
+               (("transformer.h.0.ln_1", "transformer.h.0.ln_2"),
+                ("transformer.h.0.ln_1", "transformer.h.0.ln_2"))),
+    *both_ways("timm ResNet", "transformers ResNet", ref.timm_resnet_to_hf_resnet,
+               (("layer1.0.bn1", "layer1.0.bn2"),
+                ("resnet.encoder.stages.0.layers.0.layer.0.normalization",
+                 "resnet.encoder.stages.0.layers.0.layer.1.normalization")), heads=False),
+    *both_ways("efficientnet_pytorch EfficientNet", "transformers EfficientNet",
+               ref.efficientnet_pytorch_to_hf,
+               (("_blocks.1._bn0", "_blocks.1._bn1"),
+                ("efficientnet.encoder.blocks.1.expansion.expand_bn",
+                 "efficientnet.encoder.blocks.1.depthwise_conv.depthwise_norm")), heads=False),
+    *both_ways("timm ViT", "transformers ViT", ref.timm_vit_to_hf_vit,
+               (("blocks.0.norm1", "blocks.0.norm2"),
+                ("vit.layers.0.layernorm_before", "vit.layers.0.layernorm_after"))),
+    *both_ways("open_clip CLIP (OpenAI layout)", "transformers CLIP", ref.open_clip_to_hf_clip,
+               (("transformer.resblocks.0.ln_1", "transformer.resblocks.0.ln_2"),
+                ("text_model.encoder.layers.0.layer_norm1",
+                 "text_model.encoder.layers.0.layer_norm2"))),
+    *both_ways("openai-whisper", "transformers Whisper", ref.openai_whisper_to_hf_whisper,
+               (("encoder.blocks.0.attn_ln", "encoder.blocks.0.mlp_ln"),
+                ("model.encoder.layers.0.self_attn_layer_norm",
+                 "model.encoder.layers.0.final_layer_norm"))),
 ]
 PAIR_IDS = [pair.name for pair in PAIRS]
 
@@ -174,6 +183,7 @@ def graft_case(pair: Pair, flavour: str, folder: Path, *, twin: str | None = Non
     """
     source, expected = built(pair.source, deeper=twin == "deeper")
     if twin == "norms":
+        assert pair.norms is not None, f"{pair.name} has no norms to swap"
         source = copy.deepcopy(source)
         _swap(source, *pair.norms)
     target = pair.target.build(heads=TWIN_HEADS if twin == "heads" else None).eval()
@@ -190,6 +200,19 @@ def graft_case(pair: Pair, flavour: str, folder: Path, *, twin: str | None = Non
     except Exception:  # a graft that left the target unable to run
         equal = False
     return Outcome(verdict(report), equal, report)
+
+
+def through_reference(pair: Pair) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A random source's state dict mapped by the pair's reference into a fresh target.
+
+    Returns:
+        ``load_state_dict``'s result (missing and unexpected keys), the target's outputs and
+        the source's, each through its library's own forward.
+    """
+    source = randomise(pair.source.build())
+    target = pair.target.build().eval()
+    result = target.load_state_dict(pair.reference()(source.state_dict()), strict=False)
+    return result, run(pair.target, target), run(pair.source, source)
 
 
 @functools.cache
@@ -228,18 +251,21 @@ TWIN_FLAVOURS = {"deeper": ("pt", "pretrained"), "heads": ("pt", "pretrained"),
                  "norms": ("pt",)}
 
 
-def twin_cases() -> list[tuple[Pair, str, str]]:
-    """Every broken twin of the suite: (pair, flavour, twin)."""
-    return [(pair, flavour, twin) for pair in PAIRS for twin in TWINS
-            if twin != "heads" or pair.heads
+def _applies(pair: Pair, twin: str) -> bool:
+    return (twin != "heads" or pair.heads) and (twin != "norms" or pair.norms is not None)
+
+
+def twin_cases(pairs: Sequence[Pair] = PAIRS) -> list[tuple[Pair, str, str]]:
+    """Every broken twin of a suite (by default the real-pairs suite): (pair, flavour, twin)."""
+    return [(pair, flavour, twin) for pair in pairs for twin in TWINS if _applies(pair, twin)
             for flavour in TWIN_FLAVOURS[twin] if flavour in flavours(pair)]
 
 
-def cases() -> list[tuple[Pair, str, str | None]]:
-    """Every case of the suite: (pair, flavour, twin or ``None``)."""
+def cases(pairs: Sequence[Pair] = PAIRS) -> list[tuple[Pair, str, str | None]]:
+    """Every case of a suite: (pair, flavour, twin or ``None``)."""
     plain: list[tuple[Pair, str, str | None]] = [
-        (pair, flavour, None) for pair in PAIRS for flavour in flavours(pair)]
-    return plain + list(twin_cases())
+        (pair, flavour, None) for pair in pairs for flavour in flavours(pair)]
+    return plain + list(twin_cases(pairs))
 
 
 def case_key(pair: Pair, flavour: str, twin: str | None) -> tuple[str, str]:

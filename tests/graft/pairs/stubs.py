@@ -1,9 +1,11 @@
 """Stand-ins for packages the real code bases import but never use in a forward pass.
 
 The torchvision wheel does not import here (it is built against another torch), numba has no
-wheel for this numpy, and torchtune refuses to import without torchao. timm, open_clip, whisper
-and torchtune import them at module level (transforms, datasets, a FrozenBatchNorm2d class,
-``numba.jit``, NF4 tensors) for features these tests never call. A stand-in answers any
+wheel for this numpy, torchtune refuses to import without torchao, torchaudio has no wheel for
+this torch, and lightning (a trainer) is not installed. timm, open_clip, whisper, torchtune,
+encodec and litgpt import them at module level (transforms, datasets, a FrozenBatchNorm2d class,
+``numba.jit``, NF4 tensors, audio file loading, Fabric's lazy loader) for features these tests
+never call. A stand-in answers any
 attribute with an inert class, so the import succeeds; a test that reached one would fail
 loudly when it tried to use it.
 """
@@ -18,7 +20,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-STUBBED = ("torchvision", "numba", "torchao")
+STUBBED = ("torchvision", "numba", "torchao", "torchaudio", "lightning")
 
 
 class _InertType(type):

@@ -20,7 +20,6 @@ if _MISSING:
     pytest.skip(f"code bases not installed: {', '.join(_MISSING)} (scripts/setup.sh installs "
                 "them)", allow_module_level=True)
 
-from tests.graft.pairs.codebases import randomise  # noqa: E402
 from tests.graft.pairs.expectations import NOT_YET, UNDECIDABLE  # noqa: E402
 from tests.graft.pairs.pairs import (  # noqa: E402
     PAIR_IDS,
@@ -29,7 +28,7 @@ from tests.graft.pairs.pairs import (  # noqa: E402
     flavours,
     graft_case,
     outputs_equal,
-    run,
+    through_reference,
     twin_cases,
 )
 
@@ -49,13 +48,10 @@ TWIN_CASES = [pytest.param(pair, twin, flavour, id=f"{pair.name} [{twin} twin, {
 
 @pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
 def test_reference_mapping_gives_equal_outputs(pair: Pair) -> None:
-    source = randomise(pair.source.build())
-    target = pair.target.build().eval()
-    mapped = pair.reference()(source.state_dict())
-    result = target.load_state_dict(mapped, strict=False)
+    result, actual, expected = through_reference(pair)
     assert not result.unexpected_keys
     assert all(not k.endswith(".weight") for k in result.missing_keys), result.missing_keys
-    assert outputs_equal(run(pair.target, target), run(pair.source, source))
+    assert outputs_equal(actual, expected)
 
 
 @pytest.mark.slow
