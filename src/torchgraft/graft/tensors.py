@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Side", "TensorInfo", "looks_sorted", "natural_key"]
+__all__ = ["Side", "TensorInfo", "looks_sorted", "natural_key", "owner"]
 
 
 class TensorInfo(NamedTuple):
@@ -36,8 +36,29 @@ class TensorInfo(NamedTuple):
 
     @property
     def module(self) -> str:
-        """The owning module's path: the key without its last part."""
-        return self.name.rpartition(".")[0]
+        """The owning module's path: the key without its last part (see :func:`owner`)."""
+        return owner(self.name)
+
+
+#: Where torch's parametrizations keep a parametrized module's tensors.
+_PARAMETRIZED = ".parametrizations."
+
+
+def owner(key: str) -> str:
+    """The module a tensor belongs to: its key without the last part.
+
+    A parametrized tensor (``conv.parametrizations.weight.original0``: torch's weight norm)
+    belongs to the module it parametrizes (``conv``), beside that module's own bias.
+
+    Args:
+        key: A tensor's key.
+
+    Returns:
+        The module's path.
+    """
+    if _PARAMETRIZED in key:
+        return key.partition(_PARAMETRIZED)[0]
+    return key.rpartition(".")[0]
 
 
 @dataclass

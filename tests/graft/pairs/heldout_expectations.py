@@ -38,6 +38,10 @@ SHORTCUT_ORDER = ("a shortcut defined after the convolutions (timm's downsample)
                   "first convolution stay 'ambiguous'")
 UNNUMBERED_BLOCKS = ("blocks named s1.b1 (no number alone) are not recognised as blocks in a "
                      "sorted file: stem and block norms of one width are interchangeable")
+COMPARE_STRUCTURES = ("every tensor filled, then the outputs compared: encodec returns the codes "
+                      "and transformers' EnCodec its own output structure, and verification "
+                      "raises 'cannot compare outputs of shapes' instead of comparing what "
+                      "corresponds")
 HASH_ORDER = ("MLX's save_weights stores tensors in hash order, taken for definition order: "
               "blocks paired across (decoder block 0 <- block 1) as 'structure'; the encoder's "
               "computed sinusoids, which the file lacks, stay missing")
@@ -55,19 +59,15 @@ _FAILING: dict[str, dict[str, str]] = {
     "transformers Llama (biased MLP) -> x-transformers decoder": {
         "module": FUSED_GLU, "pt": FUSED_GLU, "safetensors": ONE_CONTAINER,
         "pretrained": ONE_CONTAINER},
-    "encodec -> transformers EnCodec": dict.fromkeys(("module", "pt", "safetensors"),
-                                                     WEIGHT_NORM),
-    "transformers EnCodec -> encodec": dict.fromkeys(_ALL, WEIGHT_NORM),
+    "encodec -> transformers EnCodec": {"module": COMPARE_STRUCTURES},
     "timm ConvNeXt -> transformers ConvNeXT": {"safetensors": OUTSIDE_BLOCKS},
     "transformers ConvNeXT -> timm ConvNeXt": dict.fromkeys(("safetensors", "pretrained"),
                                                             OUTSIDE_BLOCKS),
     "timm BEiT -> transformers BEiT": dict.fromkeys(_ALL, SPLIT_BIASES),
     "transformers BEiT -> timm BEiT": dict.fromkeys(_ALL, SPLIT_BIASES),
-    "timm RegNetY -> transformers RegNetY": {
-        "pt": SHORTCUT_ORDER, "safetensors": UNNUMBERED_BLOCKS, "pretrained": SHORTCUT_ORDER},
+    "timm RegNetY -> transformers RegNetY": {"safetensors": UNNUMBERED_BLOCKS},
     "transformers RegNetY -> timm RegNetY": {
-        "pt": SHORTCUT_ORDER, "safetensors": UNNUMBERED_BLOCKS,
-        "pretrained": UNNUMBERED_BLOCKS},
+        "safetensors": UNNUMBERED_BLOCKS, "pretrained": UNNUMBERED_BLOCKS},
     "mlx-whisper (MLX save_weights) -> openai-whisper (32 wide)": {"mlx": HASH_ORDER},
     "mlx-whisper (MLX save_weights) -> transformers Whisper (32 wide)": {"mlx": HASH_ORDER},
 }

@@ -215,6 +215,21 @@ def through_reference(pair: Pair) -> tuple[Any, torch.Tensor, torch.Tensor]:
     return result, run(pair.target, target), run(pair.source, source)
 
 
+def assert_never_ok(outcome: Outcome, twin: str) -> None:
+    """A broken twin is never ok with other outputs than its source's.
+
+    The deeper and heads twins have no right answer (the model cannot compute what the source
+    did): never ok. The norms twin of a file that keeps its order sets the names against the
+    order; where the order alone tells the two norms apart (they sit in different blocks), a
+    graft that follows it fills the model right, and ok is then the truth.
+    """
+    report = f"false ok (a broken twin)\n{outcome.report}"
+    assert not (outcome.verdict == "ok" and not outcome.equal), report
+    if twin != "norms":
+        assert not outcome.equal  # the twin is broken: no graft can give the source's outputs
+        assert outcome.verdict != "ok", report
+
+
 @functools.cache
 def built(arch: Arch, *, deeper: bool = False) -> tuple[nn.Module, torch.Tensor]:
     """A source model, randomised, and its outputs: built once per test session."""

@@ -104,4 +104,9 @@ def layouts_between(source: dict[str, tuple[int, ...]],
     src, dst = side_of(source), side_of(target)
     layouts: Iterable[Layout] = (*catalogue.LAYOUTS, *FRAMEWORK_LAYOUTS,
                                  *experts.expert_layouts(src, dst))
-    return {f"layout {layout.name}" for layout in layouts if layout.applies(src, dst)}
+    return {f"layout {layout.name}" for layout in layouts
+            if layout not in GENERIC and layout.applies(src, dst)}
+
+
+#: Layouts that shapes alone decide, naming no code base: no table row.
+GENERIC = (catalogue.UNIT_DIMS,)

@@ -45,6 +45,7 @@ from tests.graft.pairs.heldout_expectations import (  # noqa: E402
 from tests.graft.pairs.pairs import (  # noqa: E402
     Outcome,
     Pair,
+    assert_never_ok,
     flavours,
     graft_case,
     outputs_equal,
@@ -89,11 +90,6 @@ def _meets_the_bar(outcome: Outcome, flavour: str) -> None:
         raise ShortOfTheBar(f"{outcome.verdict} with other outputs\n{outcome.report}")
 
 
-def _never_ok(outcome: Outcome) -> None:
-    assert not outcome.equal  # the twin is broken: no graft can give the source's outputs
-    assert outcome.verdict != "ok", f"false ok (a broken twin)\n{outcome.report}"
-
-
 @pytest.mark.parametrize("pair", HELDOUT_PAIRS, ids=HELDOUT_PAIR_IDS)
 def test_reference_mapping_gives_equal_outputs(pair: Pair) -> None:
     result, actual, expected = through_reference(pair)
@@ -109,7 +105,7 @@ def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("pair", "twin", "flavour"), TWIN_CASES)
 def test_broken_twin_is_never_ok(pair: Pair, twin: str, flavour: str, tmp_path: Path) -> None:
-    _never_ok(graft_case(pair, flavour, tmp_path, twin=twin))
+    assert_never_ok(graft_case(pair, flavour, tmp_path, twin=twin), twin)
 
 
 @pytest.mark.parametrize("target", mlx.TARGETS)
@@ -132,7 +128,7 @@ def test_mlx_file(target: str) -> None:
 
 @pytest.mark.parametrize(("target", "twin"), MLX_TWIN_CASES)
 def test_mlx_broken_twin_is_never_ok(target: str, twin: str) -> None:
-    _never_ok(mlx.graft_mlx(target, twin))
+    assert_never_ok(mlx.graft_mlx(target, twin), twin)
 
 
 def _saved_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:

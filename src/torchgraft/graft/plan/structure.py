@@ -242,6 +242,19 @@ class _Aligner:
     def _take(self, i: int, j: int) -> None:
         self.pairs[i] = j
 
+    def keep_sides(self, contexts: tuple[list[tuple[str, ...]], list[tuple[str, ...]]]) -> None:
+        """Only modules of the same sides fit (an encoder's never a decoder's), where named.
+
+        Args:
+            contexts: Each module's contexts on each side, those both sides name only.
+        """
+        if not any(contexts[0]) and not any(contexts[1]):
+            return
+        ids: dict[tuple[str, ...], int] = {}
+        side_a = np.array([ids.setdefault(c, len(ids)) for c in contexts[0]])
+        side_b = np.array([ids.setdefault(c, len(ids)) for c in contexts[1]])
+        self.match = self.match & (side_a[:, None] == side_b[None, :])
+
     def _free(self) -> tuple[list[int], list[int]]:
         used = set(self.pairs.values())
         return ([i for i in range(len(self.a)) if i not in self.pairs],
@@ -883,6 +896,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     common = ua.contexts() & ub.contexts()
     ua.keep_contexts(common)
     ub.keep_contexts(common)
+    aligner.keep_sides((ua.context, ub.context))
     aligner.run(ua, ub)
     _fill_by_units(aligner, ua, ub)
     _repair(aligner.pairs, ua, ub)

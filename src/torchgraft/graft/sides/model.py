@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ...errors import TorchgraftError
-from ..tensors import Side, TensorInfo
+from ..tensors import Side, TensorInfo, owner
 from .heads import head_counts_of
 
 __all__ = ["MODULE_KINDS", "call_order", "module_side", "module_tensors", "quantized_modules",
@@ -224,7 +224,7 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
         for handle in handles:
             handle.remove()
     end = len(first_call)
-    position = {name: (first_call.get(name.rpartition(".")[0], end), i)
+    position = {name: (first_call.get(owner(name), end), i)
                 for i, name in enumerate(names)}
     return sorted(names, key=position.__getitem__)
 
