@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Side", "TensorInfo", "looks_sorted", "natural_key", "owner"]
+__all__ = ["Side", "TensorInfo", "looks_sorted", "natural_key", "numbers_ascend", "owner"]
 
 
 class TensorInfo(NamedTuple):
@@ -126,10 +126,16 @@ class Side:
                                    given_ordered=self.ordered, facts=dict(self.facts))
 
     def _find_order(self) -> None:
-        """The order of stored names, or of names stored sorted (then not ``ordered``)."""
+        """The order of stored names, or recovered from them (then not ``ordered``).
+
+        Stored names are an order of definition unless they are sorted, or their numbered
+        blocks do not come in the order of their numbers (MLX writes its files in a hash
+        order: ``blocks.1`` before ``blocks.0``), which no module list is defined in.
+        """
         if not self.given_order and self.tensors:
             self.given_order = list(self.tensors)
-            if looks_sorted(self.given_order, self.tensors):
+            if looks_sorted(self.given_order, self.tensors) or \
+                    not numbers_ascend(self.given_order):
                 self.given_order = sorted(self.given_order, key=natural_key)
                 self.given_ordered = False
 
@@ -152,6 +158,34 @@ def natural_key(name: str) -> tuple[int | str, ...]:
     parts: list[int | str] = list(_NUMBER.split(name))
     parts[1::2] = map(int, parts[1::2])
     return tuple(parts)
+
+
+def numbers_ascend(order: Sequence[str]) -> bool:
+    """Whether every numbered container's children first appear in the order of their numbers.
+
+    A module list is defined (and a file that keeps definition order stores it) ``0``, ``1``,
+    ``2``...: ``layers.2`` before ``layers.1`` says the order is another one.
+
+    Args:
+        order: Names as stored.
+
+    Returns:
+        False where some container's child appears first after a child of a higher number.
+    """
+    highest: dict[str, int] = {}
+    seen: set[tuple[str, int]] = set()
+    for name in order:
+        prefix = ""
+        for part in name.split("."):
+            if part.isdigit():
+                number = int(part)
+                if (prefix, number) not in seen:
+                    seen.add((prefix, number))
+                    if number < highest.get(prefix, -1):
+                        return False
+                    highest[prefix] = number
+            prefix = f"{prefix}.{part}" if prefix else part
+    return True
 
 
 def looks_sorted(order: Sequence[str], infos: dict[str, TensorInfo]) -> bool:

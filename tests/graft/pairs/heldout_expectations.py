@@ -42,9 +42,10 @@ COMPARE_STRUCTURES = ("every tensor filled, then the outputs compared: encodec r
                       "and transformers' EnCodec its own output structure, and verification "
                       "raises 'cannot compare outputs of shapes' instead of comparing what "
                       "corresponds")
-HASH_ORDER = ("MLX's save_weights stores tensors in hash order, taken for definition order: "
-              "blocks paired across (decoder block 0 <- block 1) as 'structure'; the encoder's "
-              "computed sinusoids, which the file lacks, stay missing")
+HASH_ORDER = ("MLX's save_weights stores tensors in hash order (now told from an order of "
+              "definition by its blocks' numbers, and recovered from the names); the encoder's "
+              "sinusoidal positional embedding, a buffer the model computes and the file "
+              "lacks, stays missing")
 
 _FILES = ("pt", "safetensors", "pretrained")
 _ALL = ("module", *_FILES)
