@@ -567,7 +567,8 @@ def _repair_roles(pairs: dict[int, int], scope: _Scope, *, target_side: bool) ->
         if other.role[k] is not None:
             by_role.setdefault((other.role[k] or "", other.cls[k]), []).append(k)
     partner_of = {k: i for i, k in current.items()}
-    for i, k in list(current.items()):
+    for i in list(current):
+        k = current[i]  # as the swaps before it left it
         wanted = by_role.get((own.role[i] or "", other.cls[k]), [])
         if own.role[i] is None or other.role[k] == own.role[i] or len(wanted) != 1:
             continue
@@ -585,7 +586,8 @@ def _repair_anchors(pairs: dict[int, int], scope: _Scope, *, target_side: bool) 
     own, other = scope.own, scope.other
     current = dict(scope.pairs)
     partner_of = {k: i for i, k in current.items()}
-    for i, k in list(current.items()):
+    for i in list(current):
+        k = current[i]  # as the swaps before it left it
         conv = own.anchor[i]
         if conv is None or conv not in scope.partner or _anchored(scope, i, k):
             continue
@@ -804,9 +806,10 @@ def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
 
     A target unit is aligned with the deepest source module holding the partners of its
     pairs (several small target units may share one; the roots hold each other). Inside it,
-    a free target module takes the only free source module of its role that fits; then,
-    where as many free modules are left on each side and each fits every other, they pair in
-    order (guesses, which the judge reports as such).
+    a free target module takes the only free source module of its role that fits, or the only
+    one that fits at all where it is the only one that fits it (a stem's norm and a head's,
+    outside the blocks); then, where as many free modules are left on each side and each fits
+    every other, they pair in order (guesses, which the judge reports as such).
     """
     partners: dict[str, set[str]] = {}
     for i, j in aligner.pairs.items():
@@ -824,13 +827,23 @@ def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
             if scope in rows_of:
                 cols_of.setdefault(scope, []).append(j)
     for scope, rows in rows_of.items():
-        left = _by_role(aligner, rows, cols_of.get(scope, []), ua, ub)
-        taken = set(aligner.pairs.values())
-        rows = [i for i in rows if i not in aligner.pairs]
-        cols = [j for j in left if j not in taken]
-        if rows and len(rows) == len(cols) and aligner.match[np.ix_(rows, cols)].all():
-            for i, j in zip(rows, cols, strict=True):
-                aligner.pairs[i] = j
+        _pair_in_scope(aligner, rows, cols_of.get(scope, []), ua, ub)
+
+
+def _pair_in_scope(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
+                   ub: _Units) -> None:
+    """Pair free modules of one aligned scope: by role, by the only fit, else in order."""
+    left = _by_role(aligner, rows, cols, ua, ub)
+    taken = set(aligner.pairs.values())
+    rows = [i for i in rows if i not in aligner.pairs]
+    cols = [j for j in left if j not in taken]
+    for i, j in aligner._unique(rows, cols):  # the only fit of each other in the scope
+        aligner.pairs[i] = j
+    rows = [i for i in rows if i not in aligner.pairs]
+    cols = [j for j in cols if j not in set(aligner.pairs.values())]
+    if rows and len(rows) == len(cols) and aligner.match[np.ix_(rows, cols)].all():
+        for i, j in zip(rows, cols, strict=True):
+            aligner.pairs[i] = j
 
 
 def _ancestors(path: str) -> list[str]:
