@@ -61,8 +61,6 @@ _FAILING: dict[str, dict[str, str]] = {
         "module": FUSED_GLU, "pt": FUSED_GLU, "safetensors": ONE_CONTAINER,
         "pretrained": ONE_CONTAINER},
     "encodec -> transformers EnCodec": {"module": COMPARE_STRUCTURES},
-    "timm BEiT -> transformers BEiT": dict.fromkeys(_ALL, SPLIT_BIASES),
-    "transformers BEiT -> timm BEiT": dict.fromkeys(_ALL, SPLIT_BIASES),
     "transformers RegNetY -> timm RegNetY": {
         "safetensors": UNNUMBERED_BLOCKS, "pretrained": UNNUMBERED_BLOCKS},
     "mlx-whisper (MLX save_weights) -> openai-whisper (32 wide)": {"mlx": HASH_ORDER},

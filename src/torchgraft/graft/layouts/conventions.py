@@ -184,7 +184,12 @@ def _own_role(path: str, siblings: frozenset[str]) -> str | None:
         if convention.regex.search(path) and (
                 not convention.siblings or convention.siblings & siblings):
             return convention.role
-    return None
+    stem = _OWN_LEAF.sub("", path)  # a bare parameter named for its role: q_bias is q's
+    return _own_role(stem, siblings) if stem != path else None
+
+
+#: A bare parameter's name that says whose tensor it is: ``q_bias``, ``v_bias``, ``k_weight``.
+_OWN_LEAF = re.compile(r"_(?:bias|weight)$")
 
 
 def unit_of(path: str) -> str:

@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 from ..evidence import Guess, MatchStep
 from ..layouts import ops
-from ..layouts.conventions import role_of
+from ..layouts.conventions import role_parts
 from ..layouts.fusion import FUSIONS
 from ..layouts.glu import GLU_ORDERS, PARTS_REORDERED
 from ..layouts.op_rules import Derivation
-from ..tensors import TensorInfo
+from ..tensors import TensorInfo, owner
 from .state import PassState, renamed_info
 from .steps import is_bookkeeping
 
-__all__ = ["HEAD_BY_HEAD", "MAX_CANDIDATES", "infer"]
+__all__ = ["HEAD_BY_HEAD", "MAX_CANDIDATES", "Scopes", "infer"]
 
 #: Modules of one scope tried together at most (their subsets are searched).
 MAX_CANDIDATES = 12
@@ -69,9 +69,15 @@ class _Module:
         return (all(shapes) and len({s[0] for s in shapes}) == 1
                 and all(info.kind in (None, "linear") for info in self.tensors.values()))
 
-    def rest(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """Each leaf with its shape but rows: what parts must share with the fused module."""
-        return tuple(sorted((leaf, info.shape[1:]) for leaf, info in self.tensors.items()))
+    def rest(self, leaves: Iterable[str] | None = None) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """Each leaf (of ``leaves``, if given) with its shape but rows.
+
+        What parts must share with the fused module: its leaves; a part may hold more (a
+        bias the fused module keeps elsewhere), left for other passes.
+        """
+        chosen = self.tensors if leaves is None else {
+            leaf: self.tensors[leaf] for leaf in leaves if leaf in self.tensors}
+        return tuple(sorted((leaf, info.shape[1:]) for leaf, info in chosen.items()))
 
 
 def _modules(keys: Iterable[str], infos: dict[str, TensorInfo],
@@ -100,25 +106,43 @@ def _ancestors(path: str) -> list[str]:
     return found
 
 
-class _Scopes:
-    """Which ancestor of one side stands for which of the other, by the pairs made so far."""
+class Scopes:
+    """Which module of one side stands for which of the other, by the pairs made so far.
+
+    A module stands for the deepest module of the other side that holds the partners of
+    every pair under it (its attention's output projection and relative-position table paired
+    put it around the other side's attention, however deep either nests them).
+    """
 
     def __init__(self, pairs: dict[str, str], names: dict[str, str]) -> None:
-        votes: dict[str, Counter[str]] = {}
-        back: dict[str, Counter[str]] = {}
+        under_t: dict[str, list[str]] = {}
+        under_s: dict[str, list[str]] = {}
         for target, source in pairs.items():
-            chain_t = _ancestors(target.rpartition(".")[0])
-            chain_s = _ancestors(names.get(source, source).rpartition(".")[0])
-            for a, b in zip(chain_t, chain_s, strict=False):
-                votes.setdefault(a, Counter())[b] += 1
-                back.setdefault(b, Counter())[a] += 1
-        self.to_source = {a: c.most_common(1)[0][0] for a, c in votes.items()}
-        self.to_target = {b: c.most_common(1)[0][0] for b, c in back.items()}
+            module_t, module_s = owner(target), owner(names.get(source, source))
+            for a in _ancestors(module_t):
+                under_t.setdefault(a, []).append(module_s)
+            for b in _ancestors(module_s):
+                under_s.setdefault(b, []).append(module_t)
+        self.to_source = {a: _common(paths) for a, paths in under_t.items()}
+        self.to_target = {b: _common(paths) for b, paths in under_s.items()}
 
-    def partner(self, path: str, *, target: bool) -> str | None:
-        """The other side's module for the nearest ancestor of ``path`` that has one."""
+    def partners(self, path: str, *, target: bool) -> list[str]:
+        """The other side's modules for the ancestors of ``path`` that have one, nearest first."""
         mapping = self.to_source if target else self.to_target
-        return next((mapping[a] for a in _ancestors(path) if a in mapping), None)
+        return list(dict.fromkeys(mapping[a] for a in _ancestors(path) if a in mapping))
+
+
+def _common(paths: list[str]) -> str:
+    """The deepest module holding every one of these modules (a lone one: its parent)."""
+    parts = [p.split(".") for p in paths]
+    common: list[str] = []
+    for column in zip(*parts, strict=False):
+        if len(set(column)) != 1:
+            break
+        common.append(column[0])
+    if len(common) == min(len(p) for p in parts):  # one module (or nested ones): its parent
+        common = common[:-1]
+    return ".".join(common)
 
 
 def _under(scope: str, path: str) -> bool:
@@ -132,9 +156,9 @@ def _parts_of(fused: _Module, candidates: list[_Module]) -> list[_Module] | None
     kind that structure could not tell from others, not a fusion.
     """
     rest = fused.rest()
-    if any(m.rest() == rest and m.rows == fused.rows for m in candidates):
+    if any(m.rest(fused.tensors) == rest and m.rows == fused.rows for m in candidates):
         return None
-    alike = [m for m in candidates if m.rest() == rest and m.rows < fused.rows]
+    alike = [m for m in candidates if m.rest(fused.tensors) == rest and m.rows < fused.rows]
     if len(alike) > MAX_CANDIDATES:
         return None
     found = [list(parts) for k in range(2, _MOST_PARTS + 1)
@@ -167,8 +191,9 @@ class _Order:
 
 
 def _roles(parts: list[_Module]) -> list[str | None]:
+    """Each part's own role (its contexts aside: the scope holds them all)."""
     siblings = frozenset(p.path.rpartition(".")[2] for p in parts)
-    return [role_of(p.path, siblings) for p in parts]
+    return [role_parts(p.path, siblings)[1] for p in parts]
 
 
 def _order(fused: _Module, parts: list[_Module], *, ordered: bool) -> _Order:
@@ -235,7 +260,7 @@ def infer(state: PassState) -> None:
     sources = _modules(left_s, state.src.tensors, state.renamed)
     if not targets or not sources:
         return
-    scopes = _Scopes(state.pairs, state.renamed)
+    scopes = Scopes(state.pairs, state.renamed)
     made = _Made(state)
     # the model's module holds what the checkpoint's hold apart
     for fused, parts in _proposals(targets, sources, scopes, target=True).items():
@@ -248,16 +273,16 @@ def infer(state: PassState) -> None:
     made.finish()
 
 
-def _proposals(fused: list[_Module], others: list[_Module], scopes: _Scopes, *,
+def _proposals(fused: list[_Module], others: list[_Module], scopes: Scopes, *,
                target: bool) -> dict[_Module, list[_Module]]:
     """Each fused module's parts among the others in its scope; none that two would share."""
     found = {}
     for module in fused:
-        scope = scopes.partner(module.path, target=target)
-        if scope is not None:
+        for scope in scopes.partners(module.path, target=target):  # the narrowest that holds
             parts = _parts_of(module, [m for m in others if _under(scope, m.path)])
             if parts is not None:
                 found[module] = parts
+                break
     claimed = Counter(p.path for parts in found.values() for p in parts)
     return {module: parts for module, parts in found.items()
             if all(claimed[p.path] == 1 for p in parts)}

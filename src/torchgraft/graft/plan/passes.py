@@ -14,6 +14,8 @@ decides what pairs need:
    fused or split (:mod:`~torchgraft.graft.plan.infer`), then structure again on what is left;
 5c. ``copies``: a value one side keeps once and the other once per block
    (:mod:`~torchgraft.graft.plan.copies`);
+5d. ``assemble``: a module whose tensors the other side keeps in two places, by their roles
+   (:mod:`~torchgraft.graft.plan.assemble`);
 6. ``rotary``: structure pairs of q and k between a rotary family and an unknown one are
    guesses (their row order is not known);
 7. ``ties``: a target tied to another is filled once, through it;
@@ -44,6 +46,7 @@ from ..layouts.conventions import role_of
 from ..sides.heads import head_assumption, head_size_mismatch
 from ..tensors import Side
 from .adapt import reversible
+from .assemble import assemble
 from .copies import copies
 from .infer import infer
 from .state import PassState, renamed_info
@@ -163,7 +166,18 @@ def prefixes(state: PassState) -> None:
 
 
 def structure(state: PassState) -> None:
-    """What is left, aligned by units, roles and shapes; each pair with its evidence."""
+    """What is left, aligned by units, roles and shapes; each pair with its evidence.
+
+    Modules first; then what that leaves, with each bare parameter on its own (one code
+    base's ``q_bias`` beside its ``qkv`` is another's ``q_proj.bias``).
+    """
+    _align(state, bare_apart=False)
+    if state.ambiguous or state.left()[0]:
+        _align(state, bare_apart=True)
+
+
+def _align(state: PassState, *, bare_apart: bool) -> None:
+    """One alignment of what is left (see :func:`structure`)."""
     src, dst, pairs = state.src, state.dst, state.pairs
     filled = {dst.ties.get(t, t) for t in pairs}
     left_t = [t for t in dst.order if t not in pairs and dst.ties.get(t, t) not in filled]
@@ -175,7 +189,8 @@ def structure(state: PassState) -> None:
                  for s in left_s}
     alignment = align(left_t, list(back), dst.tensors, src_infos, fits_for(state.layouts),
                       is_bookkeeping, source_ordered=src.ordered,
-                      trust_conventions=state.described.source_is_module)
+                      trust_conventions=state.described.source_is_module,
+                      bare_apart=bare_apart)
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
     owner = {name: src.ties.get(back[name], back[name]) for name in back}
@@ -378,6 +393,7 @@ PASSES: tuple[tuple[str, Callable[[PassState], None], Callable[[PassState], bool
     ("infer", infer, _when("auto", "structure")),
     ("structure", structure, _inferred),
     ("copies", copies, _when("auto", "structure")),
+    ("assemble", assemble, _when("auto", "structure")),
     ("rotary", rotary, _when("auto", "structure")),
     ("ties", ties, _when("auto", "name", "structure")),
     ("transforms", transforms, _when("auto", "name", "structure")),

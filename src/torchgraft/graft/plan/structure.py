@@ -114,12 +114,23 @@ def _leaf(info: TensorInfo) -> str:
     return info.name.rpartition(".")[2]
 
 
-def _groups(order: list[str], infos: dict[str, TensorInfo],
-            bookkeeping: Bookkeeping) -> list[_Group]:
+#: The leaves torch's modules (and its parametrizations) keep their tensors under; any other
+#: leaf is a bare parameter of its module (``q_bias``, ``relative_position_bias_table``,
+#: ``cls_token``), which may stand on its own where another code base has a module.
+MODULE_LEAVES = frozenset({
+    "weight", "bias", "running_mean", "running_var", "num_batches_tracked", "weight_g",
+    "weight_v", "original0", "original1", "in_proj_weight", "in_proj_bias", "scale"})
+
+
+def _groups(order: list[str], infos: dict[str, TensorInfo], bookkeeping: Bookkeeping, *,
+            bare_apart: bool = False) -> list[_Group]:
+    """Tensors by module; with ``bare_apart``, each bare parameter a group of its own."""
     groups: dict[str, _Group] = {}
     for name in order:
         info = infos[name]
-        group = groups.setdefault(info.module, _Group(info.module, [], []))
+        apart = bare_apart and name.rpartition(".")[2] not in MODULE_LEAVES
+        path = name if apart else info.module
+        group = groups.setdefault(path, _Group(path, [], []))
         (group.bookkeeping if bookkeeping(name) else group.tensors).append(info)
     return [g for g in groups.values() if g.tensors]
 
@@ -876,13 +887,19 @@ def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str, *,
            if convention else
            f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
            "their names nor their numbers tell which is which")
-    return Guess(tuple(f"{b[k].path}.{leaf}" for k in others), why)
+    return Guess(tuple(_key_of(b[k], leaf) for k in others), why)
+
+
+def _key_of(group: _Group, leaf: str) -> str:
+    """The key of a group's tensor of ``leaf`` (a bare parameter's group: its one tensor)."""
+    return next((t.name for t in group.tensors if _leaf(t) == leaf), group.tensors[0].name)
 
 
 def align(targets: list[str], sources: list[str], target_infos: dict[str, TensorInfo],
           source_infos: dict[str, TensorInfo], fits: Fits,
           bookkeeping: Bookkeeping = lambda name: False, *,
-          source_ordered: bool = True, trust_conventions: bool = True) -> Alignment:
+          source_ordered: bool = True, trust_conventions: bool = True,
+          bare_apart: bool = False) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -895,12 +912,15 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         source_ordered: False when the source's order was recovered from sorted names.
         trust_conventions: Whether roles and numbers of names settle a pair among same-shape
             siblings (a module source); else such pairs are guesses.
+        bare_apart: Group each bare parameter (a leaf no torch module uses) on its own, as
+            the module another code base may make of it (a second chance for what grouping
+            by modules left).
 
     Returns:
         The pairs that are certain, and why the others that could fit stayed unpaired.
     """
-    a = _groups(targets, target_infos, bookkeeping)
-    b = _groups(sources, source_infos, bookkeeping)
+    a = _groups(targets, target_infos, bookkeeping, bare_apart=bare_apart)
+    b = _groups(sources, source_infos, bookkeeping, bare_apart=bare_apart)
     if not a or not b:
         return Alignment({})
     aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
