@@ -204,14 +204,18 @@ def _made_by_planning(inferred: list[Derivation], source: Side,
     if not inferred:
         return source
     infos = dict(source.tensors)
+    made_here: set[str] = set()
     for made in inferred:
+        kind = infos[made.inputs[0]].kind
         for name, ref in zip(made.outputs, lazy(made.op, [refs[k] for k in made.inputs]),
                              strict=True):
             refs[name] = ref
-            infos[name] = TensorInfo(name, ref.meta.shape, ref.meta.dtype,
-                                     source.tensors[made.inputs[0]].kind)
-    return source.with_tensors(infos, [*source.order, *(n for d in inferred
-                                                         for n in d.outputs)])
+            infos[name] = TensorInfo(name, ref.meta.shape, ref.meta.dtype, kind)
+        made_here.update(made.outputs)
+        for key in made_here.intersection(made.inputs):  # made from made: the last stands
+            del infos[key]
+    return source.with_tensors(infos, [*source.order, *(n for n in infos
+                                                         if n not in source.tensors)])
 
 
 def _explain(plan: Plan, experts: ExpertTensors) -> None:

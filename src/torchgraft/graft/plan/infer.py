@@ -34,7 +34,7 @@ from ..tensors import TensorInfo, owner
 from .state import PassState, renamed_info
 from .steps import is_bookkeeping
 
-__all__ = ["HEAD_BY_HEAD", "MAX_CANDIDATES", "Scopes", "infer"]
+__all__ = ["HEAD_BY_HEAD", "MAX_CANDIDATES", "Made", "Scopes", "infer"]
 
 #: Modules of one scope tried together at most (their subsets are searched).
 MAX_CANDIDATES = 12
@@ -123,8 +123,9 @@ class Scopes:
                 under_t.setdefault(a, []).append(module_s)
             for b in _ancestors(module_s):
                 under_s.setdefault(b, []).append(module_t)
-        self.to_source = {a: _common(paths) for a, paths in under_t.items()}
-        self.to_target = {b: _common(paths) for b, paths in under_s.items()}
+        # the root stands for the root (the models grafted), paired tensors or none
+        self.to_source = {"": ""} | {a: _common(paths) for a, paths in under_t.items()}
+        self.to_target = {"": ""} | {b: _common(paths) for b, paths in under_s.items()}
 
     def partners(self, path: str, *, target: bool) -> list[str]:
         """The other side's modules for the ancestors of ``path`` that have one, nearest first."""
@@ -261,7 +262,7 @@ def infer(state: PassState) -> None:
     if not targets or not sources:
         return
     scopes = Scopes(state.pairs, state.renamed)
-    made = _Made(state)
+    made = Made(state)
     # the model's module holds what the checkpoint's hold apart
     for fused, parts in _proposals(targets, sources, scopes, target=True).items():
         made.fuse(fused, _order(fused, parts, ordered=state.src.ordered))
@@ -288,7 +289,7 @@ def _proposals(fused: list[_Module], others: list[_Module], scopes: Scopes, *,
             if all(claimed[p.path] == 1 for p in parts)}
 
 
-class _Made:
+class Made:
     """What :func:`infer` made: derivations, virtual tensors and their pairs, then recorded."""
 
     def __init__(self, state: PassState) -> None:
@@ -308,8 +309,8 @@ class _Made:
             name = _fused_name(parent, order.parts, leaf)
             why = ("fused from " + ", ".join(p.path + "." + leaf for p in order.parts)
                    + " (their rows add up to the model's)")
-            self._made(Derivation((name,), ops.Concatenate(0), inputs, "rows that add up"))
-            self._pair(target, name, why, order.guess)
+            self.made(Derivation((name,), ops.Concatenate(0), inputs, "rows that add up"))
+            self.pair(target, name, why, order.guess)
 
     def split(self, fused: _Module, order: _Order) -> None:
         """The fused tensor of each leaf cut into virtual source tensors, one per part."""
@@ -320,7 +321,7 @@ class _Made:
         for leaf, source in fused.keys.items():
             names = tuple(f"{fused.path}[{k}].{leaf}" for k in range(len(sizes)))
             whole = self.state.renamed[source]
-            self._made(Derivation(names, ops.Split(0, sizes=sizes), (source,),
+            self.made(Derivation(names, ops.Split(0, sizes=sizes), (source,),
                                   "rows that add up"))
             for k, (name, part) in enumerate(zip(names, order.parts, strict=True)):
                 why = (f"split from {whole} (rows {starts[k]}:{starts[k + 1]}, as the model's "
@@ -329,19 +330,23 @@ class _Made:
                     (*(n for n in names if n != name and order.reordered),
                      *(a for a in order.guess.alternatives if a == HEAD_BY_HEAD)),
                     order.guess.why)
-                self._pair(part.keys[leaf], name, why, guess)
+                self.pair(part.keys[leaf], name, why, guess)
 
-    def _made(self, made: Derivation) -> None:
+    def made(self, made: Derivation) -> None:
+        """Record a derivation: its outputs become virtual source tensors, its inputs retire."""
         state = self.state
         state.plan.inferred.append(made)
-        first = state.src.tensors[made.inputs[0]]
-        shapes = made.op.shapes([state.src.tensors[k].shape for k in made.inputs])
+        inputs = [self.infos.get(k) or state.src.tensors[k] for k in made.inputs]
+        first = inputs[0]
+        shapes = made.op.shapes([info.shape for info in inputs])
         for name, shape in zip(made.outputs, shapes, strict=True):
             self.infos[name] = TensorInfo(name, shape, first.dtype, first.kind)
         for key in made.inputs:
             state.renamed.pop(key, None)
+            self.infos.pop(key, None)  # made from made: only the last stands for the source
 
-    def _pair(self, target: str, name: str, why: str, guess: Guess | None) -> None:
+    def pair(self, target: str, name: str, why: str, guess: Guess | None) -> None:
+        """Pair a target key with a virtual source tensor, with how it was made."""
         self.pairs[target] = name
         self.state.inferred[name] = why
         if guess is not None:

@@ -11,7 +11,9 @@ decides what pairs need:
 5. ``structure``: units, roles and shapes (:mod:`~torchgraft.graft.plan.structure`), each pair with
    its evidence (``structure`` or ``guess``);
 5b. ``infer``: in the scopes those pairs align, modules whose rows add up to another's are
-   fused or split (:mod:`~torchgraft.graft.plan.infer`), then structure again on what is left;
+   fused or split (:mod:`~torchgraft.graft.plan.infer`); ``stacks``: experts stacked on one
+   side, kept apart on the other (:mod:`~torchgraft.graft.plan.stacks`); then structure again
+   on what is left;
 5c. ``copies``: a value one side keeps once and the other once per block
    (:mod:`~torchgraft.graft.plan.copies`);
 5d. ``assemble``: a module whose tensors the other side keeps in two places, by their roles
@@ -49,6 +51,7 @@ from .adapt import reversible
 from .assemble import assemble
 from .copies import copies
 from .infer import infer
+from .stacks import stacks
 from .state import PassState, renamed_info
 from .steps import Match, Plan, is_bookkeeping
 from .structure import align
@@ -391,6 +394,7 @@ PASSES: tuple[tuple[str, Callable[[PassState], None], Callable[[PassState], bool
     ("prefixes", prefixes, _when("auto", "name")),
     ("structure", structure, _when("auto", "structure")),
     ("infer", infer, _when("auto", "structure")),
+    ("stacks", stacks, _when("auto", "structure")),
     ("structure", structure, _inferred),
     ("copies", copies, _when("auto", "structure")),
     ("assemble", assemble, _when("auto", "structure")),

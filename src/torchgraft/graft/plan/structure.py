@@ -193,16 +193,18 @@ def _in_order(groups: list[_Group]) -> bool:
     return len({_DIGITS.sub("#", block) for block in stems}) <= 1
 
 
-def _covers(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
-    """Whether every module of the block with fewer can take its own module of the other's.
+def _alike(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
+    """Whether two blocks are alike: most modules of the one with fewer have their own fit.
 
     A block may hold a module its partner lacks (a copy of a value the other side keeps once
-    per model, an adapter): the block with fewer modules must place all of them.
+    per model, an adapter), or hold apart what the other fuses (q, k, v; experts stacked):
+    at least half the modules of the block with fewer must take their own module of the
+    other's. Blocks are paired this way only where both sides have as many.
     """
     if not rows or not cols:
         return False
     if len(rows) > len(cols):
-        return _covers(match.T, cols, rows)
+        return _alike(match.T, cols, rows)
     owner: dict[int, int] = {}
 
     def place(i: int, seen: set[int]) -> bool:
@@ -214,16 +216,29 @@ def _covers(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
                     return True
         return False
 
-    return all(place(i, set()) for i in rows)
+    return 2 * sum(place(i, set()) for i in rows) >= len(rows)
+
+
+def _outermost(unit: str) -> str:
+    """A unit's outermost numbered ancestor (itself when none is numbered above it)."""
+    parts = unit.split(".")
+    first = next(k for k, part in enumerate(parts) if part.isdigit())
+    return ".".join(parts[: first + 1])
 
 
 def _blocks(ua: _Units, ub: _Units) -> list[tuple[list[int], list[int]]]:
-    """The k-th block of each context on one side with the k-th on the other, if as many."""
-    units_a, units_b = ua.blocks(), ub.blocks()
-    if units_a.keys() != units_b.keys() or any(
-            len(units_a[key]) != len(units_b[key]) for key in units_a):
-        return []
-    return [pair for key in units_a for pair in zip(units_a[key], units_b[key], strict=True)]
+    """The k-th block of each context on one side with the k-th on the other, if as many.
+
+    Blocks are the units (nearest numbered ancestors); where their counts differ, the
+    outermost numbered modules (a layer whose experts are numbered inside it is one block).
+    """
+    for outermost in (False, True):
+        units_a, units_b = ua.blocks(outermost=outermost), ub.blocks(outermost=outermost)
+        if units_a.keys() == units_b.keys() and all(
+                len(units_a[key]) == len(units_b[key]) for key in units_a):
+            return [pair for key in units_a
+                    for pair in zip(units_a[key], units_b[key], strict=True)]
+    return []
 
 
 class _Aligner:
@@ -377,7 +392,7 @@ class _Aligner:
             The target and source modules outside those blocks.
         """
         blocks = _blocks(ua, ub)
-        if len(blocks) < 2 or not all(_covers(self.match, rows, cols) for rows, cols in blocks):
+        if len(blocks) < 2 or not all(_alike(self.match, rows, cols) for rows, cols in blocks):
             return list(range(len(self.a))), list(range(len(self.b)))
         for rows, cols in blocks:
             self.solve(rows, cols)
@@ -461,16 +476,17 @@ class _Units:
         self.ordered = ordered
         self.anchor, self.anchored_by_order = _anchors(groups, ordered=ordered)
 
-    def blocks(self) -> dict[tuple[str, ...], list[list[int]]]:
+    def blocks(self, *, outermost: bool = False) -> dict[tuple[str, ...], list[list[int]]]:
         """Numbered blocks (units) by the contexts of their path: each block's groups.
 
         Blocks are in order of first use, the root apart; the contexts kept are those both
-        sides name (an encoder's blocks, a vision tower's).
+        sides name (an encoder's blocks, a vision tower's). With ``outermost``, a block is a
+        module's outermost numbered ancestor instead of its nearest.
         """
         found: dict[str, list[int]] = {}
         for k, unit in enumerate(self.unit):
             if unit:
-                found.setdefault(unit, []).append(k)
+                found.setdefault(_outermost(unit) if outermost else unit, []).append(k)
         sides: dict[tuple[str, ...], list[list[int]]] = {}
         for unit, members in found.items():
             key = tuple(c for c in role_parts(unit)[0] if c in self.kept)
