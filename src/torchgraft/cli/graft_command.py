@@ -109,7 +109,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     layout is bad input (exit 2) unless --allow-incomplete.
     """
     from ..graft import GraftError, graft
-    from ..graft.check.inputs import read_inputs
+    from ..graft.sides.inputs import read_inputs
     from ..save import resolve_format, save
     from .factory import build_model
 

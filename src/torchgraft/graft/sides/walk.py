@@ -77,6 +77,11 @@ class ModelTensors:
         """Whether a tensor was on the meta device when walked."""
         return bool(self._meta)
 
+    def meta_left(self) -> list[tuple[str, str]]:
+        """The tensors still on meta now, as (key, name in its module), ties once."""
+        return [(key, name) for key, store, name, _parameter in self._meta
+                if store[name] is not None and store[name].is_meta]
+
     def still_on_meta(self) -> list[str]:
         """Names of the tensors still on meta now, persistent or not (ties once).
 
