@@ -182,7 +182,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in opened.side.tensors.values()))
         expect_reference(source, opened.module, want)  # before the model is touched
-        into = _Into(_with_own_renames(rules, target), PlanOptions(match, adapt, init, label_map),
+        into = _Into(_with_own_renames(rules, target, walked, opened),
+                     PlanOptions(match, adapt, init, label_map),
                      _source_norms(opened.module, source_model), device, progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
@@ -398,14 +399,17 @@ def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> 
     return report
 
 
-def _with_own_renames(rules: RulesSpec, target: nn.Module) -> RulesSpec:
+def _with_own_renames(rules: RulesSpec, target: nn.Module, walked: Walked,
+                      opened: GraftSource) -> RulesSpec:
     """The user's rules, then the renames a transformers model makes of older checkpoints' keys.
 
     ``from_pretrained`` renames what ``save_pretrained`` of an older version wrote (DINOv2's
     ``attention.attention.query`` is now ``attention.q_proj``); a graft into the same class
-    does too. Any other model: the user's rules as given.
+    does too, where the checkpoint lacks a key of the model by its name. Any other model: the
+    user's rules as given.
     """
-    if not type(target).__module__.startswith("transformers."):
+    if not type(target).__module__.startswith("transformers.") or \
+            walked.tensors.state.keys() <= opened.refs.keys():
         return rules
     own = transformers_renames(target)
     if not own:
