@@ -150,8 +150,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         source_model: A module of the source's code base, or a callable that builds one (on
             the meta device is fine): filled from ``source`` and compared with (``verify``).
             The module given is left as it is: a copy of it is filled (its tensors on meta,
-            then given storage by the fill). A module given as ``source`` is only read, and
-            run in eval mode (its mode restored), never changed.
+            then given storage by the fill). A module given as ``source`` is only read: run
+            in its own mode, its buffers (running statistics) put back, or in eval mode to
+            compare, its mode restored.
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -275,8 +276,7 @@ def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> 
         if key in report.reasons:  # a key the checkpoint lacks: still missing, but computed
             report.reasons[key] += f"; computed by the model's code ({how})"
     report.add_missing(initialised.failed)
-    report.add_missing({key: _STILL_ON_META for key in tensors.still_on_meta()
-                        if key not in initialised.failed})
+    report.add_missing(dict.fromkeys(initialised.skipped, _STILL_ON_META))
 
 
 def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Module],

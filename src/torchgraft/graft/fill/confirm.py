@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..sides.model import state_tensors
+from ..sides.walk import Modules
 
 __all__ = ["SAMPLE", "Confirmed", "confirm_writes", "differs"]
 
@@ -55,7 +56,7 @@ class Confirmed:
 
 
 def confirm_writes(model: nn.Module, written: Mapping[str, torch.Tensor], *,
-                   refill: bool = True) -> Confirmed:
+                   refill: bool = True, held: Modules | None = None) -> Confirmed:
     """Read every written key back through ``model.state_dict()``; refill where it differs.
 
     Args:
@@ -63,13 +64,17 @@ def confirm_writes(model: nn.Module, written: Mapping[str, torch.Tensor], *,
         written: Key to the tensor the graft wrote it into (holding the values written).
         refill: Whether keys not confirmed are filled again through the model's own
             ``load_state_dict`` (not for a sharded model's DTensors).
+        held: The model's modules, when its state dict is exactly what they hold (every
+            module keeps torch's own methods, no hooks: :attr:`ModelTensors.plain`): each key
+            is read from its module's own dict, what ``state_dict()`` hands out for it,
+            without building the whole state dict (tens of thousands of small tensors).
 
     Returns:
         The keys filled again through the model's code, and those still not confirmed.
     """
     found = Confirmed()
     try:
-        state = state_tensors(model)
+        state = _held(held, written) if held is not None else state_tensors(model)
     except Exception as exc:  # its hooks fail: nothing can be read back
         why = f"the model's state_dict() raised {type(exc).__name__}: {exc}"
         found.unconfirmed = dict.fromkeys(written, why)
@@ -104,6 +109,22 @@ def confirm_writes(model: nn.Module, written: Mapping[str, torch.Tensor], *,
                 found.unconfirmed[key] = _reason(still, path, errors.get(key))
     for path, keys in found.through.items():
         logger.info("%d keys of '%s' filled through its own load_state_dict", len(keys), path)
+    return found
+
+
+def _held(modules: Modules, keys: Iterable[str]) -> dict[str, torch.Tensor]:
+    """What each key's module holds under its name: its state dict's entry, for plain modules."""
+    by_path = dict(modules)
+    found: dict[str, torch.Tensor] = {}
+    for key in keys:
+        path, _, name = key.rpartition(".")
+        module = by_path.get(path)
+        if module is not None:
+            tensor: torch.Tensor | None = module._parameters.get(name)
+            if tensor is None and name not in module._non_persistent_buffers_set:
+                tensor = module._buffers.get(name)
+            if tensor is not None:
+                found[key] = tensor
     return found
 
 

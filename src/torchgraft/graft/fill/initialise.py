@@ -50,10 +50,13 @@ class Initialised:
     Attributes:
         how: Key to the code that computed it (``"LlamaForCausalLM._init_weights"``).
         failed: Key to why it stays on meta: what was tried, and each error.
+        skipped: Keys left on meta without asking the model's code (a sharded model's
+            DTensors).
     """
 
     how: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -83,9 +86,13 @@ def initialise_left(model: nn.Module, tensors: ModelTensors, device: torch.devic
     done = Initialised()
     by_module: dict[str, list[tuple[str, str]]] = {}
     for key, name in tensors.meta_left():
-        if key not in skip:
+        if key in skip:
+            done.skipped.append(key)
+        else:
             by_module.setdefault(key.rpartition(".")[0], []).append((key, name))
-    modules = dict(model.named_modules())
+    if not by_module:
+        return done
+    modules = dict(tensors.modules)
     for path in sorted(by_module, key=lambda p: -p.count(".") - bool(p)):  # children first
         module = modules.get(path)
         if module is None:

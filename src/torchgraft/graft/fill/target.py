@@ -95,7 +95,8 @@ def fill_model(plan: Plan, refs: dict[str, TensorRef], model: nn.Module,
     written = {s.target: state[s.target] for s in plan.steps if s.target in state}
     written.update({key: written[other] for key, other in plan.tied.items()
                     if other in written and key in state})
-    confirmed = confirm_writes(model, written, refill=not sharded)
+    confirmed = confirm_writes(model, written, refill=not sharded,
+                               held=filling.tensors.modules if filling.tensors.plain else None)
     if sharded:  # every rank reports the same keys
         confirmed.unconfirmed = agree_on_ranks(confirmed.unconfirmed)
     filled = Filled(confirmed)
