@@ -88,7 +88,9 @@ def pair_ratios(ours: list[dict[str, Any]], theirs: list[dict[str, Any]],
 STEPS = (("api", "walk_model"), ("api", "open_source"), ("api", "module_side"),
          ("api", "describe_sides"), ("plan.build", "add_virtual"),
          ("plan.build", "add_experts"), ("plan.build", "build_plan"),
-         ("fill.target", "materialise"), ("fill.target", "execute_plan"), ("api", "_report"))
+         ("fill.target", "materialise"), ("fill.target", "execute_plan"),
+         ("fill.target", "confirm_writes"), ("fill.target", "initialise_left"),
+         ("api", "_report"))
 
 
 def timed_steps() -> dict[str, float]:

@@ -314,7 +314,10 @@ def test_meta_leftovers_are_missing_not_ok() -> None:
         target.fc = nn.Linear(3, 4)
     report = tg.graft(source, target)
     assert not report.ok and report.missing == ["fc.bias"]
-    assert "still on the meta device" in report.reasons["fc.bias"]
+    # computed by the model's own code (so the model runs), and still missing
+    assert "computed by the model's code (Linear.reset_parameters)" in report.reasons["fc.bias"]
+    assert report.initialised == {"fc.bias": "Linear.reset_parameters"}
+    assert not target.fc.bias.is_meta
     assert torch.equal(target.fc.weight, source["fc.weight"])
 
 

@@ -125,7 +125,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     writes = _output(out, fmt, dry_run=dry_run, overwrite=overwrite, layout_of=layout_of,
                      layout_rules=layout_rules)
     from ..graft import GraftError, graft  # torch: after the arguments are checked
-    from ..graft.check.inputs import read_inputs
+    from ..graft.sides.inputs import read_inputs
     from .factory import build_model
 
     console = Console(soft_wrap=as_json)

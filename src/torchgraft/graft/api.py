@@ -24,15 +24,14 @@ from ..checkpoint import Checkpoint, OpenOptions
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
 from ..renames import Rule
-from .check.inputs import Inputs
-from .check.reference import Want, reference_for
+from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
-from .check.source_model import SourceModelLike
+from .check.source_model import SourceModelLike, transformers_renames
 from .fill.dtensor import sharded_targets
 from .fill.quantized import graft_quantized
-from .fill.target import Filling, fill_model
+from .fill.target import Filled, Filling, fill_model
 from .layouts.norms import NormOffsets, norm_offsets
-from .layouts.rules import RulesSpec
+from .layouts.rules import RulesSpec, read_rules
 from .plan.adapt import Init, LabelMap, reversible
 from .plan.build import Planned, PlanOptions, plan_graft
 from .plan.steps import Match, Plan
@@ -40,9 +39,10 @@ from .report.adapter_scope import scope_to_adapter
 from .report.report import GraftError, GraftReport
 from .sides.adapters import adapter_keys, refuse_plain_target
 from .sides.describe import describe_sides
+from .sides.inputs import Inputs
 from .sides.model import module_side, quantized_modules, unwrap
 from .sides.source import GraftSource, SourceLike, open_source
-from .sides.walk import Walked, walk_model
+from .sides.walk import ModelTensors, Walked, walk_model
 from .tensors import Side
 
 __all__ = ["Verify", "graft"]
@@ -53,9 +53,9 @@ logger = logging.getLogger("torchgraft")
 Verify = bool | Literal["auto"]
 
 #: Why a tensor still on the meta device after a graft is missing.
-_STILL_ON_META = ("still on the meta device: nothing in the checkpoint fills it; build the model "
-                  "with real tensors for what the checkpoint lacks (non-persistent buffers are "
-                  "computed by its code)")
+_STILL_ON_META = ("still on the meta device: nothing in the checkpoint fills it, and the "
+                  "model's code was not asked to compute it (a sharded tensor); build the model "
+                  "with real tensors for what the checkpoint lacks")
 
 
 @paused_gc()
@@ -78,7 +78,16 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     embedding keeps the rows both have.
 
     A model built on the meta device gets real storage for every tensor the graft fills (on
-    ``device``), read straight into it: no random initialisation, no second copy.
+    ``device``), read straight into it: no random initialisation, no second copy. What no
+    checkpoint holds (non-persistent buffers such as rotary frequencies) is then computed by
+    the model's own code (transformers' ``_init_weights``, a module's ``reset_parameters``,
+    or the module rebuilt from its attributes) and listed in ``report.initialised``, never as
+    loaded.
+
+    Every key written is read back through the model's own ``state_dict()``: a model whose
+    state dict hands out copies (state-dict hooks) is filled through its own
+    ``load_state_dict``, and a write that still does not show is reported missing, with the
+    reason. ``report.loaded`` lists only what is confirmed.
 
     A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
     each rank fills its own shards in place, reading only their bytes where the format
@@ -104,22 +113,28 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             (bookkeeping buffers such as ``num_batches_tracked`` aside), or outputs diverge.
         example_inputs: The model's inputs (a tuple, a lone tensor, or a mapping of keyword
             arguments): orders its tensors by use for structural matching, and feeds
-            ``verify``. An :class:`~torchgraft.graft.check.inputs.Inputs` (by role: token ids,
+            ``verify``. An :class:`~torchgraft.graft.sides.inputs.Inputs` (by role: token ids,
             pixel values...; as the CLI's ``--inputs`` reads) only feeds ``verify``, bound to
             each model's ``forward`` by argument name.
         source_inputs: The source's inputs, where they differ from ``example_inputs``.
         verify: Compare outputs with the source's: with the source module (given inputs),
             with ``source_model=``, or with the model a checkpoint folder's ``config.json``
             describes (a transformers class, built with transformers; inputs generated from the
-            config when none are given), filled from the same checkpoint. Where outputs
-            diverge, the guesses of the first diverging module are tried (same-shape siblings
-            swapped) and the one that makes it agree is kept. Outputs that agree make every
-            key ``verified``; a difference beyond 1e-4 of the output's scale makes the verdict
-            diverged, naming the first module where activations diverge. ``"auto"`` compares
-            when there is something to compare with, the graft is a plain copy (no rows or
-            channels adapted) and the weights are at most 2 GiB; ``True`` always compares (an
-            error when there is nothing to compare with, or the model is sharded); ``False``
-            never does.
+            config when none are given), filled from the same checkpoint. Inputs are bound to
+            each model's ``forward`` by argument name. What corresponds is compared: the
+            floating outputs that match once leading dimensions are flattened (never integer
+            outputs or losses), else the activations of the modules the plan pairs, the last
+            one first. Where they diverge, every hypothesis the plan's guesses give for the
+            first diverging module is tried (same-shape siblings swapped, rotary orders, a
+            fused tensor's rows in blocks or head by head) and the one that makes it agree is
+            kept; ``report.tried`` lists each. Agreement makes every key ``verified``; a
+            difference beyond 1e-4 of the source's scale makes the verdict diverged, naming
+            the first module where activations diverge. A model that fails on the inputs, or
+            nothing that corresponds, is a warning: verification never turns a filled graft
+            into an error. ``"auto"`` compares when there is something to compare with, the
+            graft is a plain copy (no rows or channels adapted) and the weights are at most
+            2 GiB; ``True`` always compares (an error before anything is filled when there is
+            nothing to compare with, or the model is sharded); ``False`` never does.
         label_map: For row adaptations: ``{target_row: source_row}`` or a sequence of source
             rows (``None`` for a new row).
         device: Where tensors of a meta-device model get their storage; by default where the
@@ -134,7 +149,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         follow_links: For checkpoint paths: see :class:`~torchgraft.checkpoint.OpenOptions`.
         source_model: A module of the source's code base, or a callable that builds one (on
             the meta device is fine): filled from ``source`` and compared with (``verify``).
-            The module given is left as it is: a copy of it is filled.
+            The module given is left as it is: a copy of it is filled (its tensors on meta,
+            then given storage by the fill). A module given as ``source`` is only read: run
+            in its own mode, its buffers (running statistics) put back, or in eval mode to
+            compare, its mode restored.
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -161,7 +179,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
     with open_source(source, opening, example_inputs=source_inputs) as opened:
-        into = _Into(rules, PlanOptions(match, adapt, init, label_map),
+        want = Want(verify, example_inputs, source_inputs, roles, source_model,
+                    sum(math.prod(info.shape) * info.dtype.itemsize
+                        for info in opened.side.tensors.values()))
+        expect_reference(source, opened.module, want)  # before the model is touched
+        into = _Into(_with_own_renames(rules, target, walked, opened),
+                     PlanOptions(match, adapt, init, label_map),
                      _source_norms(opened.module, source_model), device, progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
@@ -170,10 +193,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             report.warnings.insert(0, swapped)
         if not sharded and (verify is True or (verify == "auto"
                                                and _plain_copy(planned.plan, report))):
-            want = Want(verify, example_inputs, source_inputs, roles, source_model,
-                        sum(math.prod(info.shape) * info.dtype.itemsize
-                            for info in planned.source.tensors.values()))
-            _check(report, planned.plan, (source, opened, target), want)
+            _check(report, planned.plan, (source, opened, target),
+                   replace(want, by_name=_by_name(planned.plan, report)))
     if logger.isEnabledFor(logging.DEBUG):  # the report's text lists every key
         logger.debug("%s", str(report).splitlines()[0])
     if strict and not report.clean:
@@ -232,12 +253,30 @@ def _graft_into(opened: GraftSource, source: Any, target: nn.Module, walked: Wal
                              described=describe_sides(source, opened, target,
                                                       modules=modules)))
     planned.plan.warnings[:0] = warnings
-    fill_model(planned.plan, planned.refs, target,
-               Filling(tensors, into.device, into.progress, sharded, assign))
+    filled = fill_model(planned.plan, planned.refs, target,
+                        Filling(tensors, into.device, into.progress, sharded, assign))
     report = _report(planned.plan, side, planned.source, scope)
-    if tensors.on_meta:
-        report.add_missing(dict.fromkeys(tensors.still_on_meta(), _STILL_ON_META))
+    _record_fill(report, filled, tensors)
     return planned, report
+
+
+def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> None:
+    """What the fill found beyond the plan: writes not confirmed, what the model computed."""
+    confirmed, initialised = filled.confirmed, filled.initialised
+    report.add_missing(confirmed.unconfirmed)
+    for path, keys in confirmed.through.items():
+        report.warnings.append(
+            f"{'the model' if not path else repr(path)} hands out copies through its "
+            f"state_dict(): {len(keys)} keys were filled through its own load_state_dict and "
+            "read back")
+    if not tensors.on_meta:
+        return
+    report.initialised = dict(initialised.how)
+    for key, how in initialised.how.items():
+        if key in report.reasons:  # a key the checkpoint lacks: still missing, but computed
+            report.reasons[key] += f"; computed by the model's code ({how})"
+    report.add_missing(initialised.failed)
+    report.add_missing(dict.fromkeys(initialised.skipped, _STILL_ON_META))
 
 
 def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Module],
@@ -246,7 +285,8 @@ def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Mo
 
     A reference model of the source's code base is filled from the same opened source, by
     name, into storage of its own (never the source's own tensors: settling changes the
-    model in place, and must not change what it is compared with).
+    model in place, and must not change what it is compared with). Never raises: the model is
+    filled, and what stops a comparison is a warning.
     """
     source, opened, target = sides
 
@@ -256,15 +296,8 @@ def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Mo
         return _graft_into(opened, source, inner, walk_model(inner), into, assign=False)[1]
 
     reference = reference_for(source, opened.module, target, want, fill, report.warnings)
-    if reference is None:
-        return
-    try:
+    if reference is not None:
         verify_graft(report, plan, target, reference)
-    except TorchgraftError as exc:
-        if want.verify is True or not reference.generated:
-            raise
-        report.warnings.append(f"outputs were not compared on inputs generated from "
-                               f"{reference.origin}: {exc}")
 
 
 def _plain_copy(plan: Plan, report: GraftReport) -> bool:
@@ -276,6 +309,13 @@ def _plain_copy(plan: Plan, report: GraftReport) -> bool:
     """
     return (report.complete and not report.reinitialised
             and all(not step.cast and all(reversible(op) is not None for op in step.ops)
+                    for step in plan.steps))
+
+
+def _by_name(plan: Plan, report: GraftReport) -> bool:
+    """Whether every key was filled by its exact name, as stored, and nothing is in doubt."""
+    return (report.ok and not report.reinitialised and not report.missing
+            and all(step.matched_by == "exact" and not step.ops and not step.cast
                     for step in plan.steps))
 
 
@@ -359,12 +399,33 @@ def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> 
     return report
 
 
+def _with_own_renames(rules: RulesSpec, target: nn.Module, walked: Walked,
+                      opened: GraftSource) -> RulesSpec:
+    """The user's rules, then the renames a transformers model makes of older checkpoints' keys.
+
+    ``from_pretrained`` renames what ``save_pretrained`` of an older version wrote (DINOv2's
+    ``attention.attention.query`` is now ``attention.q_proj``); a graft into the same class
+    does too, where the checkpoint lacks a key of the model by its name. Any other model: the
+    user's rules as given.
+    """
+    if not type(target).__module__.startswith("transformers.") or \
+            walked.tensors.state.keys() <= opened.refs.keys():
+        return rules
+    own = transformers_renames(target)
+    if not own:
+        return rules
+    parsed = read_rules(rules)
+    return [*parsed.ops, *parsed.renames, *own]
+
+
 def _meta_inputs(inputs: Any) -> Any:
     """Example inputs moved to the meta device, to order a meta model's tensors by use."""
     if isinstance(inputs, torch.Tensor):
         return inputs.to("meta")
     if isinstance(inputs, tuple):
         return tuple(_meta_inputs(x) for x in inputs)
+    if isinstance(inputs, Mapping):
+        return {key: _meta_inputs(value) for key, value in inputs.items()}
     return inputs
 
 

@@ -128,7 +128,7 @@ def test_a_meta_model_says_so_and_which_tensors_stay_there() -> None:
         model = plain()
     _, tensors = walk_model(model)
     assert tensors.on_meta and tensors.device is None
-    left = tensors.still_on_meta()
-    assert left[0] == "0.proj.weight" and "0.cache" in left  # non-persistent buffers too
-    assert left.index("0.cache") > left.index("2.weight")  # parameters first, as torch lists
+    left = [key for key, _name in tensors.meta_left()]
+    assert "0.proj.weight" in left and "0.cache" in left  # non-persistent buffers too
+    assert ("0.proj.weight", "weight") in tensors.meta_left()  # with its name in its module
     assert "head.weight" not in left  # tied: once, under its first name

@@ -11,8 +11,9 @@ to each model's ``forward`` by argument name.
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,13 @@ from torch import nn
 from ...errors import TorchgraftError
 from ...renames import Rule
 from ..report.report import GraftReport
+from ..sides.inputs import Inputs, bind, by_role, from_config
 from .compare import Call, as_call
-from .inputs import Inputs, bind, from_config
 from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
 
-__all__ = ["Reference", "reference_for"]
+__all__ = ["Reference", "Want", "expect_reference", "reference_for"]
+
+logger = logging.getLogger("torchgraft")
 
 #: Fills a module of the source's code base from the graft's source (with rules that rename the
 #: source's keys to the module's); returns its report.
@@ -57,7 +60,10 @@ class Reference:
 
 @dataclass(frozen=True)
 class Want:
-    """What the caller asked: ``verify``, inputs, a source model, the size of the weights."""
+    """What the caller asked: ``verify``, inputs, a source model, the size of the weights.
+
+    ``by_name``: every key of the graft was filled by its exact name, as stored.
+    """
 
     verify: bool | str
     example_inputs: Any
@@ -65,18 +71,61 @@ class Want:
     roles: Inputs | None
     source_model: SourceModelLike | None
     source_bytes: int
+    by_name: bool = False
 
 
-def _give_up(want: Want, warnings: list[str], why: str) -> None:
-    """Nothing to compare with: an error when verification was asked for, else a warning."""
-    if want.verify is True:
-        raise TorchgraftError(f"verify=True: {why}")
+def _give_up(warnings: list[str], why: str) -> None:
+    """Nothing to compare with after all: a warning (the graft is filled; never an error)."""
     warnings.append(f"outputs were not compared: {why}")
+
+
+#: What ``verify=True`` is told when there is nothing to compare with.
+_NOTHING = ("verify=True needs something to compare with: a source module with "
+            "example_inputs, source_model= (a module of the source's code base, or a "
+            "callable that builds one), or a checkpoint folder whose config.json names a "
+            "transformers class (with transformers installed)")
+
+
+def expect_reference(source: Any, module: nn.Module | None, want: Want) -> None:
+    """Before any tensor is filled: refuse ``verify=True`` when there is nothing to compare with.
+
+    What the caller asked for is checked while the model is untouched; once it is filled,
+    verification only ever warns.
+
+    Args:
+        source: The graft's source (a path, a module...).
+        module: The source module, when the source is one.
+        want: What the caller asked.
+
+    Raises:
+        TorchgraftError: With ``verify=True``, when there is nothing to compare with, no inputs
+            for a source module, or a config.json beside the file that cannot be read.
+    """
+    if want.verify is not True:
+        return
+    if module is not None:
+        if want.example_inputs is None and not want.roles:
+            raise TorchgraftError("verify=True: the source module describes no inputs; pass "
+                                  "example_inputs (and source_inputs)")
+        return
+    try:
+        candidate = _candidate(source, want)
+    except TorchgraftError as exc:
+        raise TorchgraftError(f"verify=True: {exc}") from None
+    if candidate is None:
+        raise TorchgraftError(_NOTHING)
 
 
 def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want: Want,
                   fill: Fill, warnings: list[str]) -> Reference | None:
     """The reference to compare the grafted ``target`` with, if there is one.
+
+    With ``verify="auto"``, a model of the very class and config a folder's config.json
+    describes, every key filled by its own name, is not compared: the reference would be
+    the same model filled the same way (and would take as much memory again).
+
+    Never raises: what stops a comparison is said in ``warnings`` (``verify=True`` was checked
+    before the fill, by :func:`expect_reference`).
 
     Args:
         source: The graft's source (a path, a module...).
@@ -84,41 +133,39 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
         target: The grafted model.
         want: What the caller asked.
         fill: Fills a source-model module from ``source``.
-        warnings: Where to say why outputs were not compared (``verify="auto"``).
+        warnings: Where to say why outputs were not compared.
 
     Returns:
         The reference, or ``None`` when there is nothing to compare with.
-
-    Raises:
-        TorchgraftError: With ``verify=True``, when there is nothing to compare with.
     """
     if module is not None:
         return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
     try:
         candidate = _candidate(source, want)
     except TorchgraftError as exc:  # a config.json beside the file that cannot be read
-        if want.verify is True:
-            raise
-        warnings.append(f"outputs were not compared: {exc}")
+        _give_up(warnings, str(exc))
         return None
     if candidate is None:
         _unbuilt_config(source, warnings)
-        if want.verify is True:
-            raise TorchgraftError(
-                "verify=True needs something to compare with: a source module with "
-                "example_inputs, source_model= (a module of the source's code base, or a "
-                "callable that builds one), or a checkpoint folder whose config.json names a "
-                "transformers class (with transformers installed)")
         return None
-    if want.verify != True and want.source_bytes > MAX_AUTO_BYTES:  # noqa: E712
+    if want.verify == "auto" and want.by_name and candidate.same_as(target):
+        logger.info("outputs not compared with %s: the model is its class and config, every "
+                    "key filled by its own name", candidate.origin)
+        return None
+    if want.verify is not True and want.source_bytes > MAX_AUTO_BYTES:
         warnings.append(f"outputs were not compared with {candidate.origin}: the weights are "
                         f"over {MAX_AUTO_BYTES >> 30} GiB (pass verify=True to compare anyway)")
         return None
-    built = candidate.build()
-    filled = fill(built, candidate.renames(built))
+    try:
+        built = candidate.build()
+        filled = fill(built, candidate.renames(built))
+    except Exception as exc:  # the caller's callable, a constructor, a copy that failed
+        _give_up(warnings, f"{candidate.origin} could not be built and filled: "
+                           f"{type(exc).__name__}: {exc}")
+        return None
     if not filled.ok:
-        _give_up(want, warnings, f"{candidate.origin} could not be filled from the checkpoint "
-                                 f"by name ({filled.headline()})")
+        _give_up(warnings, f"{candidate.origin} could not be filled from the checkpoint by name "
+                           f"({filled.headline()})")
         return None
     names = {source_key: key for key, source_key in filled.mapping.items()}
     return _with_inputs(built, target, want, names, candidate.origin,
@@ -127,21 +174,29 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
 
 def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
                  origin: str, roles: Inputs | None, warnings: list[str]) -> Reference | None:
-    """The reference with the caller's inputs, else ``roles`` bound to each forward."""
-    if want.example_inputs is not None:
+    """The reference with the caller's inputs, else ``roles``, bound to each forward by name.
+
+    The caller's inputs as a mapping of argument names are bound to each model's ``forward``
+    by name too (``input_ids`` goes to ``idx`` where that model calls it so).
+    """
+    if want.example_inputs is not None and not (
+            isinstance(want.example_inputs, Mapping) and want.source_inputs is want.example_inputs):
         return Reference(module, as_call(want.source_inputs), as_call(want.example_inputs),
                          names, origin)
+    if want.example_inputs is not None:
+        roles = by_role(want.example_inputs)
     if not roles:
         if want.verify is True or names:
-            _give_up(want, warnings, f"{origin} describes no inputs; pass example_inputs (and "
-                                     "source_inputs)")
+            _give_up(warnings, f"{origin} describes no inputs; pass example_inputs (and "
+                               "source_inputs)")
         return None
     try:
         calls = bind(module, roles), bind(target, roles)
     except TorchgraftError as exc:
-        _give_up(want, warnings, str(exc))
+        _give_up(warnings, str(exc))
         return None
-    return Reference(module, calls[0], calls[1], names, origin, generated=True)
+    return Reference(module, calls[0], calls[1], names, origin,
+                     generated=want.example_inputs is None and want.roles is None)
 
 
 def _from_module_config(module: nn.Module) -> Inputs:

@@ -14,22 +14,26 @@ way.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ...errors import TorchgraftError
 from ...renames import Rule
+from ..sides.build import empty_parameters
 from ..sides.config import read_config
-from .inputs import Inputs, from_config
+from ..sides.inputs import Inputs, from_config
+from ..sides.model import state_tensors
 
-__all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "empty_parameters",
-           "from_folder", "resolve", "transformers_renames"]
+__all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "from_folder", "meta_copy",
+           "resolve", "transformers_renames"]
 
 SourceModelLike = nn.Module | Callable[[], nn.Module]
 
@@ -52,35 +56,44 @@ class SourceModel:
         origin: Where it comes from, for messages.
         renames: The rules that fill the built module from the checkpoint by name (its code
             base's own renames of older names).
+        same_as: Whether a model is the very model this one would be (its class, its config,
+            its modules' classes, no hooks or ``forward`` of their own): filled by the same
+            names, comparing the two would tell nothing.
     """
 
     build: Callable[[], nn.Module]
     inputs: Inputs = field(default_factory=Inputs)
     origin: str = "source_model="
     renames: Callable[[nn.Module], list[Rule]] = _no_renames
+    same_as: Callable[[nn.Module], bool] = lambda _model: False
 
 
-@contextlib.contextmanager
-def empty_parameters() -> Iterator[None]:
-    """Build modules with their parameters on the meta device and their buffers real.
+#: Config entries that say where a config came from, not what the model computes.
+_PROVENANCE = frozenset({"architectures", "transformers_version", "_name_or_path",
+                         "name_or_path", "_commit_hash", "torch_dtype", "dtype",
+                         "_attn_implementation_autoset", "_attn_implementation"})
 
-    Parameters take no memory and no initialisation time; buffers that a module computes
-    (rotary frequencies, position ids) keep the values its constructor gives them, as a
-    checkpoint does not hold them.
+
+def _modules(model: nn.Module) -> list[tuple[str, type[nn.Module]]] | None:
+    """Each module's path and class.
+
+    ``None`` when any module runs hooks or a ``forward`` set on it: not a model its class
+    alone describes.
     """
-    register = nn.Module.register_parameter
+    found = []
+    for path, module in model.named_modules():
+        if "forward" in module.__dict__ or module._forward_hooks or module._forward_pre_hooks:
+            return None
+        found.append((path, type(module)))
+    return found
 
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        register(module, name, param)
-        if param is not None and not param.is_meta:
-            module._parameters[name] = nn.Parameter(param.to("meta"),
-                                                    requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
+def _what_computes(config: Any) -> dict[str, Any] | None:
+    """A transformers config's entries, less those of provenance; ``None`` if it has none."""
+    to_dict = getattr(config, "to_dict", None)
+    data = to_dict() if callable(to_dict) else None
+    return {k: v for k, v in data.items() if k not in _PROVENANCE} \
+        if isinstance(data, dict) else None
 
 
 def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | None:
@@ -129,8 +142,17 @@ def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
             model: nn.Module = cls(config)
         return model.eval()
 
+    def same_as(model: nn.Module) -> bool:
+        described = _what_computes(config)
+        if type(model) is not cls or described is None or \
+                _what_computes(getattr(model, "config", None)) != described:
+            return False
+        with torch.device("meta"):
+            twin: nn.Module = cls(config)
+        return _modules(twin) == _modules(model)
+
     return SourceModel(build, from_config(data), f"{folder / 'config.json'} ({cls.__name__})",
-                       transformers_renames)
+                       transformers_renames, same_as)
 
 
 def transformers_renames(model: nn.Module) -> list[Rule]:
@@ -163,8 +185,40 @@ def transformers_renames(model: nn.Module) -> list[Rule]:
     return rules
 
 
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with its state-dict tensors on the meta device, to be filled.
+
+    The caller's own module is never filled. The copy costs no memory for its weights (the
+    fill gives them storage); the tensors no state dict holds (non-persistent buffers its
+    code computed) are copied as they are.
+
+    Args:
+        module: A module of the source's code base.
+
+    Returns:
+        The copy.
+
+    Raises:
+        TorchgraftError: If the module cannot be copied.
+    """
+    memo: dict[int, Any] = {}
+    for tensor in state_tensors(module).values():
+        if id(tensor) not in memo and isinstance(tensor, torch.Tensor):
+            empty = torch.empty_like(tensor, device="meta")
+            memo[id(tensor)] = (nn.Parameter(empty, requires_grad=tensor.requires_grad)
+                                if isinstance(tensor, nn.Parameter) else empty)
+    try:
+        return copy.deepcopy(module, memo)
+    except Exception as exc:
+        raise TorchgraftError(f"source_model={type(module).__name__} could not be copied "
+                              f"(it is never filled in place): {type(exc).__name__}: {exc}; "
+                              "pass a callable that builds the module instead") from exc
+
+
 def resolve(source_model: SourceModelLike) -> SourceModel:
     """A ``source_model=`` argument as a :class:`SourceModel` (no inputs: it has no config).
+
+    A module is filled as a copy (:func:`meta_copy`), never in place.
 
     Args:
         source_model: A module of the source's code base, or a callable that builds one.
@@ -177,7 +231,8 @@ def resolve(source_model: SourceModelLike) -> SourceModel:
     """
     if isinstance(source_model, nn.Module):
         module = source_model
-        return SourceModel(lambda: module, origin=f"source_model={type(module).__name__}")
+        return SourceModel(lambda: meta_copy(module),
+                           origin=f"source_model={type(module).__name__}")
     if callable(source_model):
         def build() -> nn.Module:
             built = source_model()

@@ -42,7 +42,7 @@ from .execute import READERS
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["fill_sharded", "materialise_sharded", "sharded_targets"]
+__all__ = ["agree_on_ranks", "fill_sharded", "materialise_sharded", "sharded_targets"]
 
 logger = logging.getLogger("torchgraft")
 
@@ -324,6 +324,22 @@ def _reinitialise(plan: Plan, sharded: dict[str, DTensor]) -> None:
                 fresh = fresh_values(torch.zeros(sharded[key].shape, dtype=local.dtype),
                                      plan.init)
             local.copy_(_cut(fresh, start, tuple(local.shape)))
+
+
+def agree_on_ranks(reasons: dict[str, str]) -> dict[str, str]:
+    """Every rank's keys with a reason, on every rank (collective): the reports stay equal.
+
+    Args:
+        reasons: This rank's keys and why (writes not confirmed).
+
+    Returns:
+        The union over the ranks, a key's reason from the first rank that gave one.
+    """
+    merged: dict[str, str] = {}
+    for rank, found in enumerate(_gather(reasons)):
+        for key, why in found.items():
+            merged.setdefault(key, f"{why} (on rank {rank})")
+    return merged
 
 
 def _raise_on_every_rank(failure: BaseException | None) -> None:

@@ -1,9 +1,14 @@
-"""Filling a model from a plan: storage for a meta model, each rank's shards, then every step."""
+"""Filling a model from a plan: storage, shards, every step; writes read back; the rest computed.
+
+Storage for a meta model, each rank's shards, every step of the plan; then every write read
+back through the model's state dict, and what no checkpoint holds computed by the model's own
+code.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -13,11 +18,13 @@ from ...meta import TensorRef
 from ..plan.steps import Plan
 from ..sides.model import state_tensors
 from ..sides.walk import ModelTensors
-from .dtensor import fill_sharded, materialise_sharded
+from .confirm import Confirmed, confirm_writes
+from .dtensor import agree_on_ranks, fill_sharded, materialise_sharded
 from .execute import execute_plan
+from .initialise import Initialised, initialise_left
 from .materialise import META_DEFAULTS, materialise
 
-__all__ = ["Filling", "fill_model"]
+__all__ = ["Filled", "Filling", "fill_model"]
 
 
 @dataclass(frozen=True)
@@ -42,36 +49,69 @@ class Filling:
     assign: bool = True
 
 
+@dataclass
+class Filled:
+    """What a fill did beyond the plan's steps.
+
+    Attributes:
+        confirmed: What reading the state dict back found: keys filled again through a
+            module's own ``load_state_dict``, keys whose writes do not show.
+        initialised: What the model's own code computed (on a meta model), and what it could
+            not.
+    """
+
+    confirmed: Confirmed = field(default_factory=Confirmed)
+    initialised: Initialised = field(default_factory=Initialised)
+
+
 def fill_model(plan: Plan, refs: dict[str, TensorRef], model: nn.Module,
-               filling: Filling) -> None:
-    """Give a meta model storage, fill sharded tensors, then run the plan.
+               filling: Filling) -> Filled:
+    """Give a meta model storage, fill sharded tensors, run the plan, and confirm every write.
+
+    Every key written (and every tie) is read back through the model's own ``state_dict()``
+    (:mod:`.confirm`); then, on a meta model, what is still on meta is computed by the model's
+    own code (:mod:`.initialise`).
 
     Args:
         plan: The plan.
         refs: Source key to lazy tensor (virtual ones included).
         model: The unwrapped model, filled in place.
         filling: How.
+
+    Returns:
+        What confirming and initialising found.
     """
     sharded = filling.sharded or {}
     state = filling.tensors.state
     assigned: set[str] = set()
+    where = (torch.device(filling.device) if filling.device is not None
+             else filling.tensors.device or torch.device("cpu"))
     if filling.tensors.on_meta:
-        assigned = _materialise(plan, refs, model, filling)
+        assigned = _materialise(plan, refs, model, filling, where)
     if sharded:
         fill_sharded(plan, refs, sharded)
         state = state_tensors(model)  # materialise updated ``state``; DTensors anew
     execute_plan(plan, refs, state, progress=filling.progress, assigned=assigned | set(sharded))
+    written = {s.target: state[s.target] for s in plan.steps if s.target in state}
+    written.update({key: written[other] for key, other in plan.tied.items()
+                    if other in written and key in state})
+    confirmed = confirm_writes(model, written, refill=not sharded,
+                               held=filling.tensors.modules if filling.tensors.plain else None)
+    if sharded:  # every rank reports the same keys
+        confirmed.unconfirmed = agree_on_ranks(confirmed.unconfirmed)
+    filled = Filled(confirmed)
+    if filling.tensors.on_meta:
+        filled.initialised = initialise_left(model, filling.tensors, where, skip=set(sharded))
+    return filled
 
 
 def _materialise(plan: Plan, refs: dict[str, TensorRef], model: nn.Module,
-                 filling: Filling) -> set[str]:
+                 filling: Filling, where: torch.device) -> set[str]:
     """Storage for a meta model's filled tensors, read straight into it where stored as is.
 
     They go where ``device=`` says, else where the model's real tensors are, else the CPU.
     """
     device, sharded = filling.device, filling.sharded or {}
-    where = (torch.device(device) if device is not None
-             else filling.tensors.device or torch.device("cpu"))
     filled = [s.target for s in plan.steps]
     zeroed = _zeroed(plan)
     assigned = materialise(model, [k for k in filled if k not in sharded], where,

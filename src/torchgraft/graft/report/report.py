@@ -57,6 +57,12 @@ class GraftReport:
         assumptions: What the graft relies on that the checkpoint cannot confirm (a bare
             state dict from another code base: the attention's head count, which same-shape
             sibling is which); any left unverified makes the verdict ``unverified``.
+        initialised: Key to the model's own code that computed it, on a model built on the
+            meta device: what no checkpoint holds (non-persistent buffers such as rotary
+            frequencies; a key the checkpoint lacks, which stays ``missing`` too). Never
+            loaded.
+        tried: Where outputs diverged: each hypothesis tried for a diverging unit, and whether
+            it made the unit agree.
         infos: The model's and the checkpoint's tensors by key, for :attr:`shapes`.
         targets: Every target key, in the model's order (for :meth:`to_html`).
         sources: Every source key, in stored order (for :meth:`to_html`).
@@ -83,6 +89,8 @@ class GraftReport:
     settled: list[str] = field(default_factory=list)
     surplus: dict[str, str] = field(default_factory=dict)
     assumptions: list[Assumption] = field(default_factory=list)
+    initialised: dict[str, str] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)
     infos: tuple[Mapping[str, TensorInfo], Mapping[str, TensorInfo]] = field(
         default=({}, {}), repr=False, compare=False)
     targets: list[str] = field(default_factory=list, repr=False)
@@ -131,7 +139,10 @@ class GraftReport:
                 **{f"checkpoint:{k}": describe(i) for k, i in sources.items()}}
 
     def add_missing(self, reasons: Mapping[str, str]) -> None:
-        """Record target keys found missing after the plan ran (left on the meta device).
+        """Record target keys found missing after the plan ran.
+
+        Left on the meta device, or written without the write showing in the model's state
+        dict.
 
         Args:
             reasons: Key to why it is missing; keys recorded as loaded are no longer.
@@ -143,6 +154,7 @@ class GraftReport:
         for key in reasons:
             self.evidence.pop(key, None)
             self.guesses.pop(key, None)
+            self.tied.pop(key, None)
         known = set(self.missing)
         self.missing += [key for key in reasons if key not in known]
         self.reasons.update(reasons)
@@ -210,6 +222,7 @@ class GraftReport:
             "missing": len(self.missing),
             "unused": len(self.unused),
             "not in adapter": len(self.not_in_adapter),
+            "initialised": len(self.initialised),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,7 +240,8 @@ class GraftReport:
                 "reinitialised": self.reinitialised, "tied": self.tied,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
                 "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
-                "verified_with": self.verified_with, "settled": self.settled}
+                "verified_with": self.verified_with, "settled": self.settled,
+                "initialised": self.initialised, "tried": self.tried}
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
@@ -269,6 +283,8 @@ class GraftReport:
                   self.surplus.get(k, self.reasons[k]))
                  for k in self.unused if k not in self.missing]
         rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
+        rows += [("init", k, f"computed by the model's code: {how}")
+                 for k, how in self.initialised.items() if k not in self.missing]
         return rows
 
     def settle(self) -> str:
@@ -299,7 +315,8 @@ class GraftReport:
             head += f"; max |output difference| = {self.max_abs_diff:.3g}"
             head += f" (compared with {self.verified_with})" if self.verified_with else ""
         tail = [f"  assumed   {a.describe()}" for a in self.assumptions]
-        tail += [f"  settled   {s}" for s in self.settled] + [
+        tail += [f"  settled   {s}" for s in self.settled]
+        tail += [f"  tried     {t}" for t in self.tried] + [
             f"  warning   {w}" for w in self.warnings]
         if self.settle():
             tail.insert(0, f"  settle    {self.settle()}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from torch import nn
 from ...errors import TorchgraftError
 from ..tensors import Side, TensorInfo, owner
 from .heads import head_counts_of
+from .inputs import bind, by_role
 
 __all__ = ["MODULE_KINDS", "call_order", "module_side", "module_tensors", "quantized_modules",
            "run_model", "state_tensors", "tied_keys", "unwrap"]
@@ -178,11 +179,17 @@ def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
-    """Run a user's model on example inputs (a tuple, or a lone tensor) without gradients.
+    """Run a user's model on example inputs without gradients.
+
+    A tuple, a lone tensor, or a mapping of keyword arguments, bound to its ``forward`` by
+    argument name (:func:`~torchgraft.graft.sides.inputs.bind`).
+
+    In the mode it is in, its buffers put back after (a norm's running statistics): running
+    it never changes it.
 
     Args:
         model: The model.
-        example_inputs: Positional inputs.
+        example_inputs: Its inputs.
 
     Returns:
         What the model returned.
@@ -190,13 +197,23 @@ def run_model(model: nn.Module, example_inputs: Any) -> Any:
     Raises:
         TorchgraftError: If the model fails on these inputs.
     """
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if isinstance(example_inputs, Mapping):  # by argument name, as its forward calls them
+        args, kwargs = bind(model, by_role(example_inputs))
+    else:
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        kwargs = {}
+    # a module in training mode updates its running statistics: put them back after
+    kept = [(b, b.clone()) for b in model.buffers() if not b.is_meta]
     try:
         with torch.no_grad():
-            return model(*args)
+            return model(*args, **kwargs)
     except Exception as exc:
         raise TorchgraftError(f"{type(model).__name__} failed on the example inputs: "
                               f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
 
 
 def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> list[str]:
@@ -204,7 +221,7 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
 
     Args:
         model: An unwrapped module.
-        example_inputs: Positional inputs (a tuple, or a lone tensor).
+        example_inputs: Its inputs (a tuple, a lone tensor, or keyword arguments by name).
         names: The module's state-dict keys, in definition order.
 
     Returns:

@@ -26,9 +26,8 @@ __all__ = ["ModelTensors", "Modules", "Walked", "walk_model"]
 Modules = Sequence[tuple[str, nn.Module]]
 
 
-#: A meta tensor as first seen: its key, the module dict holding it, its name there, and
-#: whether it is a parameter.
-_MetaEntry = tuple[str, dict[str, Any], str, bool]
+#: A meta tensor as first seen: its key, the module dict holding it, and its name there.
+_MetaEntry = tuple[str, dict[str, Any], str]
 
 
 class ModelTensors:
@@ -40,21 +39,25 @@ class ModelTensors:
         state: The persistent ones by key, in ``state_dict`` order (what
             ``state_dict(keep_vars=True)`` holds for modules that keep torch's own
             ``state_dict``).
+        modules: The modules walked, ``(path, module)``.
+        plain: Whether the model's ``state_dict()`` is what its modules hold (every module
+            keeps torch's own methods, no hooks, none shared): set by :func:`walk_model`.
     """
 
     def __init__(self, modules: Modules) -> None:
         self.holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
         self.device: torch.device | None = None
         self.state: dict[str, torch.Tensor] = {}
+        self.modules = modules
+        self.plain = False
         self._meta: list[_MetaEntry] = []
         for path, module in modules:
             prefix = f"{path}." if path else ""
-            self._add(prefix, module._parameters, True, ())
+            self._add(prefix, module._parameters, ())
             if module._buffers:
-                self._add(prefix, module._buffers, False, module._non_persistent_buffers_set)
+                self._add(prefix, module._buffers, module._non_persistent_buffers_set)
 
-    def _add(self, prefix: str, store: dict[str, Any], parameter: bool,
-             transient: Collection[str]) -> None:
+    def _add(self, prefix: str, store: dict[str, Any], transient: Collection[str]) -> None:
         """One module's parameters or buffers (``transient``: its non-persistent ones)."""
         for name, tensor in store.items():
             if tensor is None:
@@ -68,7 +71,7 @@ class ModelTensors:
                 continue
             self.holders[id(tensor)] = [(store, name)]
             if tensor.is_meta:
-                self._meta.append((key, store, name, parameter))
+                self._meta.append((key, store, name))
             elif self.device is None:
                 self.device = tensor.device
 
@@ -77,16 +80,10 @@ class ModelTensors:
         """Whether a tensor was on the meta device when walked."""
         return bool(self._meta)
 
-    def still_on_meta(self) -> list[str]:
-        """Names of the tensors still on meta now, persistent or not (ties once).
-
-        Returns:
-            Their names, parameters first, as ``named_parameters`` then ``named_buffers``.
-        """
-        left = [(key, parameter) for key, store, name, parameter in self._meta
+    def meta_left(self) -> list[tuple[str, str]]:
+        """The tensors still on meta now, as (key, name in its module), ties once."""
+        return [(key, name) for key, store, name in self._meta
                 if store[name] is not None and store[name].is_meta]
-        return [k for k, p in left if p] + [k for k, p in left if not p]
-
 
 
 #: The methods a module class must keep as torch's for the walk to stand for them.
@@ -153,6 +150,7 @@ def walk_model(model: nn.Module) -> Walked:
     if not exact:
         modules = list(model.named_modules())
     tensors = ModelTensors(modules)
+    tensors.plain = exact
     if not exact:
         tensors.state = state_tensors(model)
     return Walked(modules, tensors)

@@ -23,7 +23,7 @@ from torch import nn
 
 from ...errors import TorchgraftError
 
-__all__ = ["ROLES", "InputRole", "Inputs", "bind", "from_config", "read_inputs"]
+__all__ = ["ROLES", "InputRole", "Inputs", "bind", "by_role", "from_config", "read_inputs"]
 
 #: Config keys, searched at the top and in sub-configs (``text_config``...), first found wins.
 Config = Mapping[str, Any]
@@ -194,5 +194,19 @@ def read_inputs(path: str | os.PathLike[str]) -> Inputs:
         tensors = {name: ref.read() for name, ref in checkpoint.tensor_refs().items()}
     if not tensors:
         raise TorchgraftError("the inputs file holds no tensors", path=file)
+    return by_role(tensors)
+
+
+def by_role(named: Mapping[str, Any]) -> Inputs:
+    """Inputs named by ``forward`` argument names, as roles where a role lists the name.
+
+    Bound with :func:`bind`, ``{"input_ids": ids}`` then reaches a ``forward(idx)`` too.
+
+    Args:
+        named: Argument (or role) name to value.
+
+    Returns:
+        The same values, by role where the name is one of a role's arguments.
+    """
     roles = {argument: role.name for role in ROLES for argument in role.arguments}
-    return Inputs({roles.get(name, name): tensor for name, tensor in tensors.items()})
+    return Inputs({roles.get(name, name): value for name, value in named.items()})
