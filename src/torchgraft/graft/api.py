@@ -209,7 +209,7 @@ class _Into:
     Attributes:
         rules: The user's rules.
         choices: Match, adapt, init and label map.
-        source_norms: The source's norm classes (module path to offset).
+        source_norms: The source's norms (scale key to offset).
         device: Where a meta model's tensors get their storage.
         progress: Called with (tensors done, total).
     """
@@ -271,7 +271,7 @@ def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> 
             "read back")
     if not tensors.on_meta:
         return
-    report.initialised = dict(initialised.how)
+    report.initialised.update(initialised.how)
     for key, how in initialised.how.items():
         if key in report.reasons:  # a key the checkpoint lacks: still missing, but computed
             report.reasons[key] += f"; computed by the model's code ({how})"
@@ -431,10 +431,18 @@ def _meta_inputs(inputs: Any) -> Any:
 
 def _source_norms(module: nn.Module | None,
                   source_model: SourceModelLike | None) -> dict[str, float | None]:
-    """The source's norm classes: its module's, else a ``source_model=`` module's.
+    """The source's norms: its module's, else a ``source_model=`` module's.
 
-    A ``source_model=`` module is of the file's own code base, named as the file; a bare file
-    says none.
+    A ``source_model=`` module is of the file's own code base, named as the file; a callable
+    is called once more for this, on the meta device (its norms are measured on copies); one
+    that fails says none here (comparing outputs reports it). A bare file says none.
     """
     found = module if module is not None else source_model
+    if found is not None and not isinstance(found, nn.Module) and callable(found):
+        try:
+            with torch.device("meta"):
+                found = found()
+        except Exception:  # the caller's code: verification names its error
+            logger.debug("source_model= failed on the meta device", exc_info=True)
+            return {}
     return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}

@@ -79,6 +79,8 @@ class Side:
             modules that say them (:data:`~torchgraft.graft.sides.heads.HEAD_ATTRIBUTES`).
         given_ordered: Whether ``order`` is a real order of definition or use, for a given
             order.
+        buffers: The model's persistent buffers' keys (what its code computes or gathers,
+            not its parameters); none for a file.
         facts: What was derived from the names once and is asked again (the naming family):
             scanning 100k names per question would cost seconds.
     """
@@ -90,6 +92,7 @@ class Side:
     head_dims: dict[str, int] = field(default_factory=dict)
     head_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     given_ordered: bool = True
+    buffers: frozenset[str] = frozenset()
     facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -79,19 +79,65 @@ def test_unit_offset_added_or_removed_by_the_norm_classes(way: str, ids: torch.T
     assert verified.verdict is Verdict.OK and verified.max_abs_diff == 0
 
 
-def test_a_norm_class_no_table_knows_beside_a_unit_offset_norm_is_a_guess(
-        ids: torch.Tensor) -> None:
-    """The offset is added, as a hand-written norm is most likely plain, but never said ok
-    until outputs are compared."""
+class UnitOffsetNorm(nn.Module):
+    """A hand-written norm that scales by ``1 + g`` (x-transformers' ``unit_offset``)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.g, self.eps = nn.Parameter(torch.zeros(width)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.rms_norm(x, self.g.shape, 1 + self.g, self.eps)
+
+
+class BatchFirstOnlyNorm(HandWrittenRMSNorm):
+    """A plain norm whose forward refuses anything but ``[batch, sequence, width]``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError("expected [batch, sequence, width]")
+        return super().forward(x)
+
+
+def test_a_norm_class_no_table_knows_is_measured_by_its_own_forward(ids: torch.Tensor) -> None:
+    """A hand-written norm's forward, run on a copy with its scale 0 then -1, says it is plain:
+    the offset is added, and nothing is a guess."""
     torch.manual_seed(1)
     gemma, plain = _gemma(), _plain(HandWrittenRMSNorm)
+    report = tg.graft(gemma, plain)
+    assert report.verdict is Verdict.OK and not report.guesses
+    assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
+    assert norms.norm_offsets(plain)["model.norm.weight"] == 0.0
+
+
+def test_a_unit_offset_norm_of_its_own_scale_name_is_measured() -> None:
+    """``g`` is the scale (the one 1-D parameter); its forward says ``1 + g``."""
+    model = nn.Sequential(UnitOffsetNorm(8, 1e-6), nn.Linear(8, 8), HandWrittenRMSNorm(8, 1e-6))
+    assert norms.norm_offsets(model) == {"0.g": 1.0, "2.weight": 0.0}
+
+
+def test_a_norm_whose_forward_says_nothing_beside_a_unit_offset_norm_is_a_guess(
+        ids: torch.Tensor) -> None:
+    """The twin: a forward that cannot be probed leaves the class unknown; the offset is added,
+    as most norms are plain, but never said ok until outputs are compared."""
+    torch.manual_seed(1)
+    gemma, plain = _gemma(), _plain(BatchFirstOnlyNorm)
     report = tg.graft(gemma, plain)
     assert report.verdict is Verdict.UNVERIFIED and set(report.guesses) == set(NORMS)
     assert "does not tell" in report.guesses["model.norm.weight"].why
     assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
-    settled = tg.graft(gemma, _plain(HandWrittenRMSNorm), example_inputs=ids)
+    settled = tg.graft(gemma, _plain(BatchFirstOnlyNorm), example_inputs=ids)
     assert settled.verdict is Verdict.OK
     assert settled.evidence["model.norm.weight"] is Evidence.VERIFIED
+
+
+def test_measuring_never_changes_the_callers_norm() -> None:
+    norm = UnitOffsetNorm(8, 1e-6)
+    with torch.no_grad():
+        norm.g.normal_()
+    before = norm.g.clone()
+    assert norms.norm_offsets(norm) == {"g": 1.0}
+    assert torch.equal(norm.g, before)
 
 
 def test_a_table_saying_nothing_of_gemma_is_caught_by_outputs(
@@ -134,3 +180,20 @@ def test_a_source_model_says_the_norm_classes_of_a_bare_file(tmp_path: Path,
     assert report.verdict is Verdict.OK and report.verified_with.startswith("source_model=")
     assert set(report.adapted) == set(NORMS)
     assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
+
+
+def test_a_norm_on_the_meta_device_is_measured_on_a_copy_with_storage() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(UnitOffsetNorm(8, 1e-6), HandWrittenRMSNorm(8, 1e-6))
+    assert norms.norm_offsets(model) == {"0.g": 1.0, "1.weight": 0.0}
+    assert model[0].g.is_meta
+
+
+def test_a_callable_source_model_says_the_norms_of_a_bare_file(tmp_path: Path,
+                                                               ids: torch.Tensor) -> None:
+    """A callable is built on meta once more to measure its norms (Gemma's table entry)."""
+    torch.manual_seed(6)
+    gemma = _gemma()
+    save_model(gemma, str(tmp_path / "gemma.safetensors"))
+    report = tg.graft(tmp_path / "gemma.safetensors", _plain(), source_model=_gemma)
+    assert set(report.adapted) == set(NORMS) and not report.guesses

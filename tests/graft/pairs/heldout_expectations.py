@@ -16,54 +16,58 @@ sides: a table row that names more of them fails the suite, so no table makes a 
 from __future__ import annotations
 
 # The classes of failure, one line each.
-FUSED_ATTENTION = ("fused q, k, v under a name no table lists (litgpt's attn.attn) is fused and "
-                   "split by its rows, read part by part: litgpt stores it query group by "
-                   "group, which a bare file cannot tell (unverified, other outputs) and "
-                   "comparing outputs must settle")
-EXPERTS = ("experts in a naming family the expert table lacks (litgpt's experts.{e}.fc_1/fc_2/"
-           "proj) are never stacked or unstacked; litgpt's fused attn.attn is never split")
-FUSED_GLU = ("a fused [up; gate] under a name no table lists (x-transformers' ff.0.proj) is "
-             "never split or fused")
 ONE_CONTAINER = ("in a sorted file, x-transformers' one container (attention at layers.{2i}, "
                  "MLP at layers.{2i+1}) is not aligned with the model's blocks: most tensors "
                  "stay 'ambiguous' or unused")
 UNNUMBERED_BLOCKS = ("blocks named s1.b1 (no number alone) are not recognised as blocks in a "
                      "sorted file: stem and block norms of one width are interchangeable")
-COMPARE_STRUCTURES = ("every tensor filled, then the outputs compared: encodec returns the codes "
-                      "and transformers' EnCodec its own output structure, and verification "
-                      "raises 'cannot compare outputs of shapes' instead of comparing what "
-                      "corresponds")
-HASH_ORDER = ("MLX's save_weights stores tensors in hash order (now told from an order of "
-              "definition by its blocks' numbers, and recovered from the names); the encoder's "
-              "sinusoidal positional embedding, a buffer the model computes and the file "
-              "lacks, stays missing")
+FROZEN_TABLE = ("transformers' Whisper keeps the encoder's sinusoidal positions as a frozen "
+                "parameter (embed_positions.weight), which MLX's file lacks (mlx-whisper "
+                "computes them): a parameter the checkpoint lacks is missing, never kept")
+
+#: A bare file of litgpt's or to litgpt's: its fused attention's rows are stored query group
+#: by group, transformers' apart; [Q; K; V] blocks and groups have the same shapes, and nothing
+#: in the file says which (no config of the other code base, no layout marker).
+GROUPED_ATTENTION = ("litgpt's fused attn.attn holds its rows query group by group or as "
+                     "[Q; K; V] blocks alike for a bare file (same shapes, no config): "
+                     "unverified with the layout named; source_model= settles it")
+#: x-transformers' rotary rows (Meta's order), its fused [up; gate] and its norms' unit offset
+#: are stored as transformers' are, shapes alike, in a bare file.
+X_CONVENTIONS = ("x-transformers' rotary order, [up; gate] halves and norms' unit offset are "
+                 "not in a bare file's shapes: unverified with each guess named; source_model= "
+                 "settles them")
 
 _FILES = ("pt", "safetensors", "pretrained")
-_ALL = ("module", *_FILES)
+_BARE = ("pt", "safetensors")
 
 _FAILING: dict[str, dict[str, str]] = {
-    "transformers Llama -> litgpt Llama": dict.fromkeys(_ALL, FUSED_ATTENTION),
-    "litgpt Llama -> transformers Llama": dict.fromkeys(_ALL, FUSED_ATTENTION),
-    "transformers Mixtral -> litgpt Mixtral": dict.fromkeys(_ALL, EXPERTS),
-    "litgpt Mixtral -> transformers Mixtral": dict.fromkeys(_ALL, EXPERTS),
     "x-transformers decoder -> transformers Llama (biased MLP)": {
-        "module": FUSED_GLU, "pt": FUSED_GLU, "safetensors": ONE_CONTAINER},
+        "safetensors": ONE_CONTAINER},
     "transformers Llama (biased MLP) -> x-transformers decoder": {
-        "module": FUSED_GLU, "pt": FUSED_GLU, "safetensors": ONE_CONTAINER,
-        "pretrained": ONE_CONTAINER},
-    "encodec -> transformers EnCodec": {"module": COMPARE_STRUCTURES},
+        "safetensors": ONE_CONTAINER, "pretrained": ONE_CONTAINER},
     "transformers RegNetY -> timm RegNetY": {
         "safetensors": UNNUMBERED_BLOCKS, "pretrained": UNNUMBERED_BLOCKS},
-    "mlx-whisper (MLX save_weights) -> openai-whisper (32 wide)": {"mlx": HASH_ORDER},
-    "mlx-whisper (MLX save_weights) -> transformers Whisper (32 wide)": {"mlx": HASH_ORDER},
+    "mlx-whisper (MLX save_weights) -> transformers Whisper (32 wide)": {"mlx": FROZEN_TABLE},
 }
 
 NOT_YET: dict[tuple[str, str], str] = {
     (pair, case): reason for pair, failing in _FAILING.items() for case, reason in failing.items()}
 
-#: No held-out case is expected UNVERIFIED by name: a file may end ok or UNVERIFIED (with equal
-#: outputs), a module source with inputs must end ok (kept for ``scripts/pairs_table.py``).
-UNDECIDABLE: dict[tuple[str, str], str] = {}
+#: Files that cannot tell what a right fill needs: they must end UNVERIFIED (never ok) naming
+#: the guess, and the same file with the source's code base as ``source_model=`` (and inputs)
+#: must end ok with equal outputs. litgpt's own folder (``lit_model.pth``) holds no transformers
+#: config either; a transformers folder does, and its own model settles the graft into litgpt.
+UNDECIDABLE: dict[tuple[str, str], str] = {
+    (pair, flavour): GROUPED_ATTENTION
+    for pair, flavours in {
+        "transformers Llama -> litgpt Llama": _BARE,
+        "litgpt Llama -> transformers Llama": _FILES,
+        "transformers Mixtral -> litgpt Mixtral": _BARE,
+        "litgpt Mixtral -> transformers Mixtral": _FILES,
+    }.items() for flavour in flavours} | {
+    (pair, "pt"): X_CONVENTIONS for pair in (
+        "x-transformers decoder -> transformers Llama (biased MLP)",
+        "transformers Llama (biased MLP) -> x-transformers decoder")}
 
 #: What the tables recognise of each held-out side today (module state dicts and saved files):
 #: generic roles (norms, heads, q/k/v), no naming family, fusion or expert entry of theirs,

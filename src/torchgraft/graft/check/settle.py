@@ -229,9 +229,16 @@ def _rotary(report: GraftReport, guessed: list[str], head_dims: Iterable[int]) -
 
 
 def _halves(report: GraftReport, guessed: list[str]) -> list[Hypothesis]:
-    """For a fused tensor whose parts' order was guessed, the parts the other way round."""
-    return [Hypothesis(f"halves of '{key}' exchanged", halves=(key,)) for key in guessed
-            if any(a.endswith(PARTS_REORDERED) for a in report.guesses[key].alternatives)]
+    """For fused tensors whose parts' order was guessed, the parts the other way round.
+
+    A module's tensors go together (a fused projection's weight and bias were fused alike).
+    """
+    by_module: dict[str, list[str]] = {}
+    for key in guessed:
+        if any(a.endswith(PARTS_REORDERED) for a in report.guesses[key].alternatives):
+            by_module.setdefault(_module(key), []).append(key)
+    return [Hypothesis(f"halves of {', '.join(repr(k) for k in keys)} exchanged",
+                       halves=tuple(keys)) for keys in by_module.values()]
 
 
 #: A fused tensor's layout: ``None`` for parts in blocks (``[Q; K; V]``), else the number of

@@ -5,8 +5,12 @@ transformers' Gemma computes ``x_normed * (1 + weight)``: a Gemma checkpoint's n
 Which norm classes do so is data (:data:`UNIT_OFFSET`); every other norm of a code base whose
 norms are known (torch's own, transformers') stores its scale plainly. Between a unit-offset
 norm and a plain one, 1 is added or subtracted. A norm of a class the table says nothing of (a
-hand-written model's) is assumed plain, as nearly every code base stores it, but beside a
-unit-offset norm that assumption is a guess until outputs are compared.
+hand-written model's, x-transformers' ``g``) is measured: its own forward is run on a copy with
+its scale set to 0, then to -1; the one that zeroes the output is the offset (a plain norm's
+``x * 0``, a unit-offset norm's ``x * (1 + -1)``). Its scale is ``weight``, else its one 1-D
+parameter other than a bias (``g``, ``gamma``, ``scale``). A norm whose forward cannot be run
+so (a sharded one, one that raises) is assumed plain, as nearly every code base stores it, but
+beside a unit-offset norm that assumption is a guess until outputs are compared.
 
 A file does not say its norms' classes: its weights are taken as the model's own code base
 stores them, as ``load_state_dict`` takes them, unless ``source_model=`` is a module of the
@@ -18,6 +22,7 @@ caught only by comparing outputs: from a folder with its ``config.json``, or wit
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from copy import deepcopy
 from dataclasses import dataclass, field
 
 import torch
@@ -49,18 +54,65 @@ def norm_offsets(model: nn.Module, *,
         modules: Its ``named_modules()``, if already walked.
 
     Returns:
-        Norm module path to 1.0 (a unit-offset norm), 0.0 (a plain one) or ``None`` (a class
-        of a code base the table does not know), for modules whose class is a norm with a
-        ``weight``.
+        A norm's scale key (``layers.0.norm.weight``) to 1.0 (a unit-offset norm), 0.0 (a
+        plain one) or ``None`` (a class of a code base the table does not know whose forward
+        did not say), for modules whose class is a norm with a scale.
     """
     found: dict[str, float | None] = {}
     for path, module in model.named_modules() if modules is None else modules:
         cls = _norm_class(type(module))
-        if cls is None or not isinstance(getattr(module, "weight", None), torch.Tensor):
+        scale = None if cls is None else _scale_of(module)
+        if cls is None or scale is None:
             continue
-        found[path] = (1.0 if cls.__name__ in UNIT_OFFSET else
-                       0.0 if cls.__module__.startswith(KNOWN_CODEBASES) else None)
+        found[f"{path}.{scale}" if path else scale] = (
+            1.0 if cls.__name__ in UNIT_OFFSET else
+            0.0 if cls.__module__.startswith(KNOWN_CODEBASES) else _measured(module, scale))
     return found
+
+
+def _scale_of(module: nn.Module) -> str | None:
+    """A norm's scale: its ``weight``, else its one 1-D parameter other than a bias."""
+    if isinstance(getattr(module, "weight", None), torch.Tensor):
+        return "weight"
+    scales = [name for name, p in module.named_parameters(recurse=False)
+              if p.dim() == 1 and name != "bias"]
+    return scales[0] if len(scales) == 1 else None
+
+
+#: The probe's input: two rows of the norm's width (a channel-first norm reads them as channels).
+_PROBE_ROWS = 2
+
+
+def _measured(module: nn.Module, scale: str) -> float | None:
+    """The offset a norm's own forward shows: the scale (0 or -1) that zeroes its output.
+
+    The forward runs on a copy of the norm alone (its other parameters zeroed), never on the
+    caller's module; on the meta device, the copy gets storage first, where the norm has no
+    buffers (their values would be unknown). A norm whose tensors are sharded, or whose
+    forward raises or returns no tensor, says nothing (``None``).
+    """
+    tensors = [*module.parameters(), *module.buffers()]
+    on_meta = any(t.is_meta for t in tensors)
+    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors) or (
+            on_meta and any(True for _ in module.buffers())):
+        return None
+    width = module.get_parameter(scale).shape[0]
+    probe = torch.randn(_PROBE_ROWS, width, generator=torch.Generator().manual_seed(0))
+    zeroes = []
+    for offset in (0.0, 1.0):
+        try:
+            copy = deepcopy(module).eval()
+            copy = (copy.to_empty(device="cpu") if on_meta else copy).float()
+            with torch.no_grad():
+                for name, p in copy.named_parameters(recurse=False):
+                    p.fill_(-offset if name == scale else 0.0)
+                out = copy(probe)
+        except Exception:  # the model's own code: any failure says nothing
+            return None
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return None
+        zeroes.append(bool(out.abs().max() <= 1e-6 * probe.abs().max()))
+    return (0.0 if zeroes[0] else 1.0) if zeroes.count(True) == 1 else None
 
 
 #: A module class to its own norm class, or ``None`` when it is no norm (found once per class).
@@ -78,7 +130,7 @@ def _norm_class(cls: type) -> type | None:
 
 @dataclass(frozen=True)
 class NormOffsets:
-    """The norms of both sides: module path to offset (see :func:`norm_offsets`).
+    """The norms of both sides: scale key to offset (see :func:`norm_offsets`).
 
     Attributes:
         source: The source module's norms; empty for a file, whose norms are taken as stored
@@ -108,10 +160,9 @@ class NormOffsets:
             The offset to add (0.0: none), and the guess it is when one side is a unit-offset
             norm and the other's class is not known.
         """
-        module = target.rpartition(".")[0]
-        if not self.source or target.rpartition(".")[2] != "weight" or module not in self.target:
+        if not self.source or target not in self.target:
             return 0.0, None
-        stored, wanted = self.source.get(source.rpartition(".")[0], 0.0), self.target[module]
+        stored, wanted = self.source.get(source, 0.0), self.target[target]
         delta = (stored or 0.0) - (wanted or 0.0)
         if (stored is None and wanted) or (wanted is None and stored):
             unknown = "model's" if wanted is None else "checkpoint's"

@@ -193,7 +193,8 @@ def _align(state: PassState, *, bare_apart: bool) -> None:
     alignment = align(left_t, list(back), dst.tensors, src_infos, fits_for(state.layouts),
                       is_bookkeeping, source_ordered=src.ordered,
                       trust_conventions=state.described.source_is_module,
-                      bare_apart=bare_apart)
+                      bare_apart=bare_apart,
+                      before={t: state.renamed.get(s, s) for t, s in pairs.items()})
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
     owner = {name: src.ties.get(back[name], back[name]) for name in back}
@@ -281,8 +282,12 @@ def leftovers(state: PassState) -> None:
         elif is_bookkeeping(target):
             plan.missing[target] = ("a bookkeeping buffer the checkpoint lacks; left as it is "
                                     "(never fails a graft)")
+        elif _computed(state, target):
+            plan.initialised[target] = _COMPUTED
         else:
             plan.missing[target] = f"no checkpoint tensor matches it {_TRIED[state.match]}"
+    if plan.initialised:
+        plan.assumptions.append(_computed_assumption(list(plan.initialised)))
     for key in [*plan.tied]:
         if plan.tied[key] in plan.missing:
             plan.missing[key] = f"tied to '{plan.tied.pop(key)}', which is missing"
@@ -293,6 +298,37 @@ def leftovers(state: PassState) -> None:
         if ties_of.get(source, source) not in used and source not in plan.unused:
             plan.unused[source] = "not in the model"
     _surplus(plan, used)
+
+
+#: Why a buffer the checkpoint lacks keeps the model's value.
+_COMPUTED = ("its value as the model was built (a buffer the checkpoint lacks; most are values "
+             "of the configuration: rotary frequencies, position tables)")
+#: How to settle kept buffers.
+_COMPUTED_SETTLE = ("compare outputs: example_inputs= with a source module, source_model=, or "
+                    "the source's saved folder with its config.json (CLI: --verify with --inputs "
+                    "or --source-model)")
+#: A norm's running statistics: learned in training, never a value of the configuration.
+_STATISTICS = re.compile(r"(^|\.)running_(mean|var)$")
+
+
+def _computed(state: PassState, target: str) -> bool:
+    """Whether a target key the checkpoint lacks is a buffer the model's code computes.
+
+    A persistent buffer of the model outside a norm (a norm's are statistics learned in
+    training): most such buffers are values of the configuration. An assumption, which
+    outputs compared settle.
+    """
+    return (target in state.dst.buffers and state.dst.tensors[target].kind != "norm"
+            and not _STATISTICS.search(target))
+
+
+def _computed_assumption(keys: list[str]) -> Assumption:
+    return Assumption(
+        "value of buffers the checkpoint lacks",
+        f"{len(keys)} kept as the model's code computed them (e.g. '{keys[0]}')",
+        "a buffer is most often a value of the configuration (rotary frequencies, position "
+        "tables), which the model's code computes as the checkpoint's did; a learned one (a "
+        "codebook) would not be", _COMPUTED_SETTLE)
 
 
 def _surplus(plan: Plan, used: set[str]) -> None:

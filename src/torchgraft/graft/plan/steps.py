@@ -100,6 +100,9 @@ class Plan:
             built without it (:func:`~torchgraft.graft.plan.build.plan_graft` sets it).
         inferred: Source tensors the planner made from stored ones (fused or split because
             their rows add up), in the order made; their lazy tensors are made with the plan.
+        initialised: Target buffers the checkpoint lacks, kept as the model's own code computed
+            them (rotary frequencies, position tables), with why: an assumption until outputs
+            are compared.
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -115,3 +118,4 @@ class Plan:
     apart: dict[str, str] = field(default_factory=dict)
     layout: SourceLayout | None = None
     inferred: list[Derivation] = field(default_factory=list)
+    initialised: dict[str, str] = field(default_factory=dict)

@@ -59,14 +59,14 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..evidence import Evidence, Guess
 from ..layouts.conventions import joined_role, role_parts, unit_of
-from ..tensors import TensorInfo, natural_key
+from ..tensors import TensorInfo, natural_key, owner
 
 __all__ = ["Alignment", "align"]
 
@@ -828,11 +828,13 @@ class _Judge:
         return found
 
 
-def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
+def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units,
+                   before: Mapping[str, str]) -> None:
     """Pair what is left inside units already aligned: by role, else same-shape in order.
 
     A target unit is aligned with the deepest source module holding the partners of its
-    pairs (several small target units may share one; the roots hold each other). Inside it,
+    pairs, this alignment's and those made ``before`` it (target key to source name; several
+    small target units may share one; the roots hold each other). Inside it,
     a free target module takes the only free source module of its role that fits, or the only
     one that fits at all where it is the only one that fits it (a stem's norm and a head's,
     outside the blocks); then, where as many free modules are left on each side and each fits
@@ -841,6 +843,8 @@ def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units) -> None:
     partners: dict[str, set[str]] = {}
     for i, j in aligner.pairs.items():
         partners.setdefault(ua.unit[i], set()).add(ub.unit[j])
+    for target, source in before.items():
+        partners.setdefault(unit_of(owner(target)), set()).add(unit_of(owner(source)))
     scope_of = {unit: _prefix(list(units)) for unit, units in partners.items()}
     scope_of.setdefault("", "")
     free_a, free_b = aligner._free()
@@ -915,7 +919,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
           source_infos: dict[str, TensorInfo], fits: Fits,
           bookkeeping: Bookkeeping = lambda name: False, *,
           source_ordered: bool = True, trust_conventions: bool = True,
-          bare_apart: bool = False) -> Alignment:
+          bare_apart: bool = False, before: Mapping[str, str] | None = None) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -931,6 +935,8 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         bare_apart: Group each bare parameter (a leaf no torch module uses) on its own, as
             the module another code base may make of it (a second chance for what grouping
             by modules left).
+        before: Pairs made before this alignment (target key to source name, as named in
+            ``source_infos``): they align units too.
 
     Returns:
         The pairs that are certain, and why the others that could fit stayed unpaired.
@@ -947,7 +953,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     ub.keep_contexts(common)
     aligner.keep_sides((ua.context, ub.context))
     aligner.run(ua, ub)
-    _fill_by_units(aligner, ua, ub)
+    _fill_by_units(aligner, ua, ub, before or {})
     _repair(aligner.pairs, ua, ub)
     judge = _Judge(aligner, ua, ub, trust_conventions=trust_conventions)
     result = _paired_tensors(aligner, judge.guesses(), judge.by_convention)

@@ -29,10 +29,11 @@ KINDS: dict[str, str] = {
     "exact": "#2e7d32", "wrapper": "#558b2f", "prefix": "#689f38", "rule": "#00838f",
     "layout": "#1565c0", "structure": "#6a1b9a", "adapted": "#ef6c00",
     "reinitialised": "#c62828", "tied": "#5d4037", "missing": "#b71c1c", "unused": "#757575",
-    "base": "#9e9e9e",
+    "base": "#9e9e9e", "initialised": "#0277bd",
 }
 #: Kinds whose reason is shown under the key (a plain load needs none).
-_EXPLAINED = ("adapted", "reinitialised", "tied", "missing", "unused", "base", "structure")
+_EXPLAINED = ("adapted", "reinitialised", "tied", "missing", "unused", "base", "structure",
+              "initialised")
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222}
@@ -96,6 +97,8 @@ def _target_kind(report: GraftReport, key: str) -> str:
         return "missing"
     if key in report.not_in_adapter:
         return "base"
+    if key in report.initialised:
+        return "initialised"
     if key in report.adapted:
         return "adapted"
     return report.matched_by.get(key, "exact")
@@ -108,6 +111,8 @@ def _target_note(report: GraftReport, key: str) -> str:
         return f"<- {report.mapping[key]}: {how}{guess}"
     if key in report.tied:
         return f"tied to {report.tied[key]}"
+    if key in report.initialised and key not in report.missing:
+        return f"computed by the model's code: {report.initialised[key]}"
     return report.reasons.get(key, "")
 
 
@@ -174,8 +179,9 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
     Returns:
         The page.
     """
-    targets = report.targets or [*report.loaded, *report.reinitialised, *report.tied,
-                                 *report.missing, *report.not_in_adapter]
+    targets = report.targets or [*dict.fromkeys([
+        *report.loaded, *report.reinitialised, *report.tied, *report.missing,
+        *report.not_in_adapter, *report.initialised])]
     sources = report.sources or [*dict.fromkeys([*report.mapping.values(), *report.unused])]
     target_id = {k: f"t{i}" for i, k in enumerate(targets)}
     source_id = {k: f"s{i}" for i, k in enumerate(sources)}

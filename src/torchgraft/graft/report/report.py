@@ -57,10 +57,11 @@ class GraftReport:
         assumptions: What the graft relies on that the checkpoint cannot confirm (a bare
             state dict from another code base: the attention's head count, which same-shape
             sibling is which); any left unverified makes the verdict ``unverified``.
-        initialised: Key to the model's own code that computed it, on a model built on the
-            meta device: what no checkpoint holds (non-persistent buffers such as rotary
-            frequencies; a key the checkpoint lacks, which stays ``missing`` too). Never
-            loaded.
+        initialised: Key to the model's own code that computed it: a buffer the checkpoint
+            lacks, kept as the model computed it (an assumption until outputs are compared),
+            and on a model built on the meta device, what no checkpoint holds (non-persistent
+            buffers such as rotary frequencies; a key the checkpoint lacks, which stays
+            ``missing`` too). Never loaded.
         tried: Where outputs diverged: each hypothesis tried for a diverging unit, and whether
             it made the unit agree.
         infos: The model's and the checkpoint's tensors by key, for :attr:`shapes`.
@@ -123,6 +124,7 @@ class GraftReport:
         report.reinitialised = dict(plan.reinitialised)
         report.surplus = dict(plan.surplus)
         report.assumptions = list(plan.assumptions)
+        report.initialised = dict(plan.initialised)
         report.tied = dict(plan.tied)
         report.warnings = list(plan.warnings)
         report.reasons = {**plan.unused, **plan.reinitialised, **plan.missing}

@@ -164,18 +164,21 @@ class _Heads:
 
 def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
                modules: Sequence[tuple[str, nn.Module]] | None = None,
-               ) -> tuple[dict[str, TensorInfo], _Heads]:
-    """Infos with module kinds, and attention heads, from one walk of the modules."""
+               ) -> tuple[dict[str, TensorInfo], _Heads, frozenset[str]]:
+    """Infos with module kinds, attention heads and persistent buffers, from one walk."""
     kinds: dict[str, str] = {}
     heads = _Heads()
+    buffers: set[str] = set()
     for path, module in model.named_modules() if modules is None else modules:
+        buffers.update(f"{path}.{name}" if path else name for name in module._buffers
+                       if name not in module._non_persistent_buffers_set)
         kind = MODULE_KINDS.get(_class_name(type(module)))
         if kind is not None:
             for name in (*module._parameters, *module._buffers):
                 kinds[f"{path}.{name}" if path else name] = kind
         heads.add(path, module)
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
-            for name, t in tensors.items()}, heads
+            for name, t in tensors.items()}, heads, frozenset(buffers & tensors.keys())
 
 
 def run_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -280,8 +283,8 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
         Its tensors with their module kinds, in order of use, its ties and head sizes.
     """
     tensors = state_tensors(model) if tensors is None else tensors
-    infos, heads = _described(model, tensors, modules)
+    infos, heads, buffers = _described(model, tensors, modules)
     order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
         else list(infos)
     return Side(infos, order, ties=tied_keys(tensors), head_dims=heads.dims,
-                head_counts=heads.counts)
+                head_counts=heads.counts, buffers=buffers)
