@@ -26,7 +26,7 @@ from ..gcpause import paused_gc
 from ..renames import Rule
 from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
-from .check.source_model import SourceModelLike, transformers_renames
+from .check.source_model import SourceModelLike, source_norms, transformers_renames
 from .fill.dtensor import sharded_targets
 from .fill.quantized import graft_quantized
 from .fill.target import Filled, Filling, fill_model
@@ -185,7 +185,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         expect_reference(source, opened.module, want)  # before the model is touched
         into = _Into(_with_own_renames(rules, target, walked, opened),
                      PlanOptions(match, adapt, init, label_map),
-                     _source_norms(opened.module, source_model), device, progress)
+                     source_norms(source, opened.module, source_model), device, progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
                                       assign=opened.private)
@@ -427,22 +427,3 @@ def _meta_inputs(inputs: Any) -> Any:
     if isinstance(inputs, Mapping):
         return {key: _meta_inputs(value) for key, value in inputs.items()}
     return inputs
-
-
-def _source_norms(module: nn.Module | None,
-                  source_model: SourceModelLike | None) -> dict[str, float | None]:
-    """The source's norms: its module's, else a ``source_model=`` module's.
-
-    A ``source_model=`` module is of the file's own code base, named as the file; a callable
-    is called once more for this, on the meta device (its norms are measured on copies); one
-    that fails says none here (comparing outputs reports it). A bare file says none.
-    """
-    found = module if module is not None else source_model
-    if found is not None and not isinstance(found, nn.Module) and callable(found):
-        try:
-            with torch.device("meta"):
-                found = found()
-        except Exception:  # the caller's code: verification names its error
-            logger.debug("source_model= failed on the meta device", exc_info=True)
-            return {}
-    return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}

@@ -151,13 +151,27 @@ def test_a_table_saying_nothing_of_gemma_is_caught_by_outputs(
     assert not report.adapted
 
 
-def test_a_gemma_folder_into_a_plain_model_diverges(tmp_path: Path) -> None:
-    """A file does not say its norms' offset; its folder's config builds Gemma, and the plain
-    model's outputs are compared against it: diverged, never ok."""
+def test_a_gemma_folder_says_its_norms_by_its_config(tmp_path: Path, ids: torch.Tensor) -> None:
+    """A file does not say its norms' offset; its folder's config builds Gemma (on meta),
+    whose norms do: the offset is added, and the outputs compared agree."""
+    torch.manual_seed(3)
+    gemma = _gemma()
+    gemma.save_pretrained(tmp_path / "gemma")
+    plain = _plain()
+    report = tg.graft(tmp_path / "gemma", plain)
+    assert report.verdict is Verdict.OK and set(report.adapted) == set(NORMS)
+    assert torch.allclose(_logits(plain, ids), _logits(gemma, ids), atol=1e-5)
+
+
+def test_a_gemma_folder_whose_norms_no_table_names_diverges(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The twin: with no entry for Gemma's norms, the folder's model says them plain; the
+    offset is skipped, and its outputs compared say diverged, never ok."""
+    monkeypatch.setattr(norms, "UNIT_OFFSET", frozenset())
     torch.manual_seed(3)
     _gemma().save_pretrained(tmp_path / "gemma")
     report = tg.graft(tmp_path / "gemma", _plain())
-    assert report.verdict is Verdict.DIVERGED and not report.ok
+    assert report.verdict is Verdict.DIVERGED and not report.adapted
 
 
 def test_the_offset_is_added_in_the_wider_dtype() -> None:

@@ -26,6 +26,7 @@ from torch import nn
 
 from ...errors import TorchgraftError
 from ..evidence import ROTARY_ALTERNATIVE, Evidence
+from ..layouts.conventions import unit_of
 from ..layouts.glu import PARTS_REORDERED
 from ..layouts.ops import Concatenate, Deinterleave, Interleave, RotaryRows, Split
 from ..plan.adapt import Step, reversible
@@ -131,7 +132,9 @@ def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = (),
     """The hypotheses of a diverging unit, nearest guesses first.
 
     Guesses in the unit come first, then those in its parent (a wrong q or k
-    shows in the attention output, not in its own). For a guessed module, each alternative
+    shows in the attention output, not in its own), then those of modules outside every
+    numbered block (an embedding and a head swapped show in the first block: a head's output
+    is no embedding's to compare). For a guessed module, each alternative
     module swapped with it (every tensor with its namesake); for guessed rotary rows, the q
     and k weights in the scope permuted into the other rotary order (for each head size
     given); for a guessed fused layout (a fused tensor made from parts, or parts split from
@@ -150,8 +153,9 @@ def hypotheses(report: GraftReport, unit: str, head_dims: Iterable[int] = (),
         The hypotheses, each once.
     """
     found: dict[str, Hypothesis] = {}
-    for scope in _scopes(unit):
-        guessed = [k for k in report.guesses if _within(k, scope)]
+    for scope in [*_scopes(unit), None]:
+        guessed = [k for k in report.guesses if _within(k, scope)] if scope is not None else [
+            k for k in report.guesses if not unit_of(_module(k))]  # outside every block
         for hypothesis in [*_swaps(report, guessed), *_rotary(report, guessed, head_dims),
                            *_halves(report, guessed), *_layouts(report, guessed, head_dims,
                                                                 shapes or {})]:
@@ -393,27 +397,35 @@ def _agrees(source: Run, target: nn.Module, reference: Reference, unit: str,
 
 
 def _settle(report: GraftReport, plan: Plan, target: nn.Module, reference: Reference,
-            source: Run, unit: str, rtol: float, tried: dict[str, str]) -> Hypothesis | None:
-    """Try each hypothesis of the unit in turn; keep the first that makes it agree."""
+            source: Run, unit: str, rtol: float,
+            tried: dict[tuple[str, str], str], kept: list[Hypothesis]) -> Hypothesis | None:
+    """Try each hypothesis of the unit in turn; keep the first that makes it agree.
+
+    ``tried``: (unit, hypothesis) to its outcome. A hypothesis tried against another unit is
+    tried again: a guess upstream (kept since) may have hidden what it would have settled;
+    one ``kept`` is never undone.
+    """
     state = state_tensors(target)
     shapes = {key: tuple(tensor.shape) for key, tensor in state.items()}
+    kept_names = {h.name for h in kept}
     for hypothesis in hypotheses(report, unit, _head_dims(target, reference.module), shapes):
-        if hypothesis.name in tried:
+        key = (unit, hypothesis.name)
+        if key in tried or hypothesis.name in kept_names:
             continue
         try:
             hypothesis.apply(state, report)
         except Exception as exc:  # shapes it cannot take: nothing changed that stays
-            tried[hypothesis.name] = f"could not be applied ({type(exc).__name__}: {exc})"
+            tried[key] = f"could not be applied ({type(exc).__name__}: {exc})"
             continue
         try:
             agrees = _agrees(source, target, reference, unit,
                              _module_map(report, plan, reference.names), rtol)
         except TorchgraftError as exc:
-            agrees, tried[hypothesis.name] = False, f"the model failed with it ({exc})"
+            agrees, tried[key] = False, f"the model failed with it ({exc})"
         if agrees:
-            tried[hypothesis.name] = f"made '{unit}' agree: kept"
+            tried[key] = f"made '{unit}' agree: kept"
             return hypothesis
-        tried.setdefault(hypothesis.name, f"'{unit}' still diverged")
+        tried.setdefault(key, f"'{unit}' still diverged")
         hypothesis.apply(state, report, undo=True)
     return None
 
@@ -471,10 +483,10 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         logger.warning("%s", report.warnings[-1])
         return
     kept: list[Hypothesis] = []
-    tried: dict[str, str] = {}
+    tried: dict[tuple[str, str], str] = {}
     while result.divergence is not None and result.unit is not None and len(kept) < MAX_UNITS:
         hypothesis = _settle(report, plan, target, reference, source, result.unit[0], rtol,
-                             tried)
+                             tried, kept)
         if hypothesis is None:
             break
         kept.append(hypothesis)
@@ -486,7 +498,7 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         except TorchgraftError as exc:  # it ran with the hypothesis once: not expected
             report.warnings.append(f"outputs could not be compared again after settling: {exc}")
             break
-    report.tried = [f"{name}: {outcome}" for name, outcome in tried.items()]
+    report.tried = [f"{name}: {outcome}" for (_, name), outcome in tried.items()]
     _record(report, result, reference, [h.name for h in kept])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,13 +28,16 @@ from torch import nn
 
 from ...errors import TorchgraftError
 from ...renames import Rule
+from ..layouts.norms import norm_offsets
 from ..sides.build import empty_parameters
 from ..sides.config import read_config
 from ..sides.inputs import Inputs, from_config
-from ..sides.model import state_tensors
+from ..sides.model import state_tensors, unwrap
 
 __all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "from_folder", "meta_copy",
-           "resolve", "transformers_renames"]
+           "resolve", "source_norms", "transformers_renames"]
+
+logger = logging.getLogger("torchgraft")
 
 SourceModelLike = nn.Module | Callable[[], nn.Module]
 
@@ -244,3 +248,31 @@ def resolve(source_model: SourceModelLike) -> SourceModel:
     raise TorchgraftError(f"source_model= takes an nn.Module or a callable that builds one, "
                           f"not a {type(source_model).__name__}")
 
+
+
+def source_norms(source: object, module: nn.Module | None,
+                 source_model: SourceModelLike | None) -> dict[str, float | None]:
+    """The source's norms: scale key to offset (see :func:`.norm_offsets`).
+
+    Its module's; else a ``source_model=`` module's (of the file's own code base, named as the
+    file; a callable is called once more for this, on the meta device: its norms are measured
+    on copies); else the model its folder's ``config.json`` describes, built on meta. Code
+    that fails says none here (comparing outputs reports it); a bare file says none.
+
+    Args:
+        source: What was grafted (a path, a module, a state dict).
+        module: The source as a module, if it is one.
+        source_model: The ``source_model=`` argument.
+    """
+    found: object = module if module is not None else source_model
+    try:
+        if found is None and isinstance(source, (str, os.PathLike)):
+            described = from_folder(source)
+            found = described.build() if described is not None else None
+        elif found is not None and not isinstance(found, nn.Module) and callable(found):
+            with torch.device("meta"):
+                found = found()
+    except Exception:  # the source's own code or config: verification names its error
+        logger.debug("the source's model could not be built to read its norms", exc_info=True)
+        return {}
+    return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}

@@ -221,12 +221,16 @@ def rotary(state: PassState) -> None:
         return
     plan, pairs = state.plan, state.pairs
     plan.warnings.append(warning)
+    why = ("one side is a rotary (RoPE) family and the other is not known: the rows may be in "
+           "the other rotary order")
     for target in structural:
-        if role_of(target.rpartition(".")[0]) in _ROTARY_ROLES and target not in plan.guesses:
-            plan.guesses[target] = Guess(
-                rotary_alternatives(pairs[target]),
-                "one side is a rotary (RoPE) family and the other is not known: the rows may "
-                "be in the other rotary order")
+        if role_of(target.rpartition(".")[0]) not in _ROTARY_ROLES:
+            continue
+        known = plan.guesses.get(target)  # a sibling guess too: both are tried
+        plan.guesses[target] = Guess(rotary_alternatives(pairs[target]), why) if known is None \
+            else replace(known, alternatives=(*known.alternatives,
+                                              *rotary_alternatives(pairs[target])),
+                         why=f"{known.why}; {why}")
 
 
 def ties(state: PassState) -> None:

@@ -230,15 +230,41 @@ def _blocks(ua: _Units, ub: _Units) -> list[tuple[list[int], list[int]]]:
     """The k-th block of each context on one side with the k-th on the other, if as many.
 
     Blocks are the units (nearest numbered ancestors); where their counts differ, the
-    outermost numbered modules (a layer whose experts are numbered inside it is one block).
+    outermost numbered modules (a layer whose experts are numbered inside it is one block);
+    else, where one side's blocks take turns of kinds (an attention block, then an MLP block,
+    in one container) and the other's are all of one kind, each turn is one block.
     """
     for outermost in (False, True):
         units_a, units_b = ua.blocks(outermost=outermost), ub.blocks(outermost=outermost)
-        if units_a.keys() == units_b.keys() and all(
-                len(units_a[key]) == len(units_b[key]) for key in units_a):
+        if units_a.keys() != units_b.keys():
+            continue
+        units_a = {key: _turns(blocks, units_b[key], (ua.cls, ub.cls))
+                   for key, blocks in units_a.items()}
+        units_b = {key: _turns(blocks, units_a[key], (ub.cls, ua.cls))
+                   for key, blocks in units_b.items()}
+        if all(len(units_a[key]) == len(units_b[key]) for key in units_a):
             return [pair for key in units_a
                     for pair in zip(units_a[key], units_b[key], strict=True)]
     return []
+
+
+def _turns(blocks: list[list[int]], others: list[list[int]],
+           classes: tuple[list[int], list[int]]) -> list[list[int]]:
+    """Blocks taking turns of ``r`` kinds, ``r`` times as many as ``others``: one per turn.
+
+    A kind is a block's modules' shape classes. The blocks stay as they are unless the other
+    side's blocks are all of one kind and these repeat ``r`` different kinds in turn.
+    """
+    if not others or len(blocks) <= len(others) or len(blocks) % len(others):
+        return blocks
+    turn = len(blocks) // len(others)
+    kinds = [tuple(classes[0][i] for i in block) for block in blocks]
+    if len({tuple(classes[1][i] for i in block) for block in others}) > 1 or \
+            len(set(kinds[:turn])) != turn or \
+            any(kinds[k] != kinds[k % turn] for k in range(len(kinds))):
+        return blocks
+    return [[i for block in blocks[k:k + turn] for i in block]
+            for k in range(0, len(blocks), turn)]
 
 
 class _Aligner:
@@ -391,8 +417,8 @@ class _Aligner:
         Returns:
             The target and source modules outside those blocks.
         """
-        blocks = _blocks(ua, ub)
-        if len(blocks) < 2 or not all(_alike(self.match, rows, cols) for rows, cols in blocks):
+        blocks = self._alike_blocks(ua, ub)
+        if not blocks:
             return list(range(len(self.a))), list(range(len(self.b)))
         for rows, cols in blocks:
             self.solve(rows, cols)
@@ -403,12 +429,35 @@ class _Aligner:
         return ([i for i in range(len(self.a)) if i not in inside_a],
                 [j for j in range(len(self.b)) if j not in inside_b])
 
+    def _alike_blocks(self, ua: _Units, ub: _Units) -> list[tuple[list[int], list[int]]]:
+        """The blocks paired in order (:func:`_blocks`), where every pair is alike."""
+        blocks = _blocks(ua, ub)
+        if len(blocks) < 2 or not all(_alike(self.match, rows, cols) for rows, cols in blocks):
+            return []
+        return blocks
+
     def run(self, ua: _Units, ub: _Units) -> None:
-        """All steps, until nothing more pairs."""
+        """All steps, until nothing more pairs.
+
+        A source of sorted names pairs shape classes in order where names order them, then
+        what is left inside each pair of blocks (by roles, the only fit, else in order) where
+        its blocks of each context are numbered in one container (their numbers order them;
+        two containers' letters would not).
+        """
         if self.source_ordered:
             self.solve(*self._by_units(ua, ub))
         else:
             self._by_class((ua.context, ub.context))
+            blocks = self._alike_blocks(ua, ub)
+            containers: dict[tuple[str, ...], set[str]] = {}
+            for _, cols in blocks:
+                for j in cols:
+                    containers.setdefault(ub.context[j], set()).add(
+                        _DIGITS.sub("#", _outermost(ub.unit[j])))
+            for rows, cols in blocks if all(len(c) == 1 for c in containers.values()) else []:
+                taken = set(self.pairs.values())
+                _pair_in_scope(self, [i for i in rows if i not in self.pairs],
+                               [j for j in cols if j not in taken], ua, ub)
         while True:
             unique = self._unique(*self._free())
             for i, j in unique:
@@ -459,6 +508,21 @@ def _anchors(groups: list[_Group], *, ordered: bool) -> tuple[list[int | None], 
     return found, by_order
 
 
+#: Roles a module's kind says where its name says none: an ``nn.Embedding`` embeds.
+_KIND_ROLES = {"embedding": "embed"}
+
+
+def _with_kind_role(parts: tuple[tuple[str, ...], str | None],
+                    group: _Group) -> tuple[tuple[str, ...], str | None]:
+    """A module's contexts and role; its kind's role where its name says none."""
+    contexts, own = parts
+    if own is None:
+        kinds = {t.kind for t in group.tensors} & _KIND_ROLES.keys()
+        kind = kinds.pop() if len(kinds) == 1 else None
+        own = _KIND_ROLES[kind] if kind is not None else None
+    return contexts, own
+
+
 class _Units:
     """One side's groups: their units, roles, classes, and the convolution of each norm."""
 
@@ -468,7 +532,8 @@ class _Units:
             children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
         self.paths = [g.path for g in groups]
         self.unit = [unit_of(g.path) for g in groups]
-        self.parts = [role_parts(g.path, frozenset(children[g.parent])) for g in groups]
+        self.parts = [_with_kind_role(role_parts(g.path, frozenset(children[g.parent])), g)
+                      for g in groups]
         self.role = [joined_role(*p) for p in self.parts]
         self.context = [contexts for contexts, _ in self.parts]
         self.kept: set[str] = set()
@@ -834,24 +899,27 @@ def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units,
 
     A target unit is aligned with the deepest source module holding the partners of its
     pairs, this alignment's and those made ``before`` it (target key to source name; several
-    small target units may share one; the roots hold each other). Inside it,
+    small target units may share one; the roots hold each other); a unit with no pairs of its
+    own, with its nearest numbered ancestor's (a norm numbered inside its layer). Inside it,
     a free target module takes the only free source module of its role that fits, or the only
     one that fits at all where it is the only one that fits it (a stem's norm and a head's,
     outside the blocks); then, where as many free modules are left on each side and each fits
     every other, they pair in order (guesses, which the judge reports as such).
     """
     partners: dict[str, set[str]] = {}
-    for i, j in aligner.pairs.items():
-        partners.setdefault(ua.unit[i], set()).add(ub.unit[j])
-    for target, source in before.items():
-        partners.setdefault(unit_of(owner(target)), set()).add(unit_of(owner(source)))
+    unit_pairs = [(ua.unit[i], ub.unit[j]) for i, j in aligner.pairs.items()]
+    unit_pairs += [(unit_of(owner(t)), unit_of(owner(s))) for t, s in before.items()]
+    for unit, other in unit_pairs:
+        for outer in _outward(unit):
+            partners.setdefault(outer, set()).add(other)
     scope_of = {unit: _prefix(list(units)) for unit, units in partners.items()}
     scope_of.setdefault("", "")
     free_a, free_b = aligner._free()
     rows_of: dict[str, list[int]] = {}
     for i in free_a:
-        if ua.unit[i] in scope_of:
-            rows_of.setdefault(scope_of[ua.unit[i]], []).append(i)
+        known = [u for u in _outward(ua.unit[i]) if u in scope_of]
+        if known:
+            rows_of.setdefault(scope_of[known[0]], []).append(i)
     cols_of: dict[str, list[int]] = {}
     for j in free_b:
         for scope in _ancestors(ub.paths[j]) if ub.unit[j] else ("",):
@@ -861,20 +929,40 @@ def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units,
         _pair_in_scope(aligner, rows, cols_of.get(scope, []), ua, ub)
 
 
+def _outward(unit: str) -> list[str]:
+    """A unit, then its numbered ancestors, nearest first (``a.0.b.1``, ``a.0``)."""
+    parts = unit.split(".")
+    return [unit, *(".".join(parts[:k + 1]) for k in range(len(parts) - 2, -1, -1)
+                    if parts[k].isdigit())] if unit else [""]
+
+
 def _pair_in_scope(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
                    ub: _Units) -> None:
-    """Pair free modules of one aligned scope: by role, by the only fit, else in order."""
+    """Pair free modules of one aligned scope: by role, by the only fit, else in order.
+
+    In order: each set of modules that fit the same ones (a shape class), where as many are
+    left on each side and they fit only each other (guesses, which the judge reports).
+    """
     left = _by_role(aligner, rows, cols, ua, ub)
     taken = set(aligner.pairs.values())
     rows = [i for i in rows if i not in aligner.pairs]
     cols = [j for j in left if j not in taken]
     for i, j in aligner._unique(rows, cols):  # the only fit of each other in the scope
         aligner.pairs[i] = j
-    rows = [i for i in rows if i not in aligner.pairs]
-    cols = [j for j in cols if j not in set(aligner.pairs.values())]
-    if rows and len(rows) == len(cols) and aligner.match[np.ix_(rows, cols)].all():
-        for i, j in zip(rows, cols, strict=True):
-            aligner.pairs[i] = j
+    _in_order_by_class(aligner, [i for i in rows if i not in aligner.pairs],
+                       [j for j in cols if j not in set(aligner.pairs.values())])
+
+
+def _in_order_by_class(aligner: _Aligner, rows: list[int], cols: list[int]) -> None:
+    """Pair each set of rows fitting the same columns, as many, with them in order."""
+    classes: dict[tuple[int, ...], list[int]] = {}
+    for i in rows:
+        classes.setdefault(tuple(j for j in cols if aligner.match[i, j]), []).append(i)
+    for fitting, members in classes.items():
+        if fitting and len(fitting) == len(members) and not any(
+                aligner.match[i, j] for i in rows if i not in members for j in fitting):
+            for i, j in zip(members, fitting, strict=True):
+                aligner.pairs[i] = j
 
 
 def _ancestors(path: str) -> list[str]:
