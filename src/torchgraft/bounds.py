@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptCheckpointError, brief
+from .errors import CorruptCheckpointError, brief, shown
 
 __all__ = ["MAX_INDEX_BYTES", "MAX_NDIM", "MAX_NESTING", "MAX_RANKS", "check_fits",
            "check_length", "check_nesting", "check_shape", "check_view", "parse_json",
@@ -55,7 +55,7 @@ def check_length(value: Any, *, available: int, what: str,
         CorruptCheckpointError: If it is not an integer, negative, or more than available.
     """
     if not _integer(value) or not 0 <= value <= available:
-        raise CorruptCheckpointError(f"{what} is {value!r:.40}, where at most {available} "
+        raise CorruptCheckpointError(f"{what} is {shown(value, 40)}, where at most {available} "
                                      "can be: the file is truncated or lies", path=path)
     return int(value)
 
@@ -76,7 +76,7 @@ def check_shape(value: Any, *, what: str, path: str | Path | None = None) -> tup
     """
     if not isinstance(value, (list, tuple)) or len(value) > MAX_NDIM or not all(
             _integer(d) and d >= 0 for d in value):
-        raise CorruptCheckpointError(f"{what} has a malformed shape {value!r:.80}", path=path)
+        raise CorruptCheckpointError(f"{what} has a malformed shape {shown(value, 80)}", path=path)
     return tuple(int(d) for d in value)
 
 
