@@ -208,3 +208,11 @@ def test_shown_shows_small_values_whole() -> None:  # the control: nothing lost 
     assert shown(value, 200) == repr(value)
     assert shown("abc") == "'abc'" and shown(None) == "None" and shown(1.5) == "1.5"
 
+
+def test_no_error_renders_a_value_before_cutting_it() -> None:
+    """``{value!r:.80}`` renders all of ``value`` first: messages use :func:`shown`."""
+    src = Path(__file__).parent.parent / "src" / "torchgraft"
+    found = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"![rsa]:\.\d", line)]
+    assert not found
