@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import UnsafeCheckpointError
+from ..text import one_line
 from ..units import human_bytes, plural
 from .render import print_json, print_rows, summarised
-from .text import one_line
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
     from ..demo import Example, GraftStep

@@ -24,8 +24,8 @@ import click
 
 from .._version import __version__
 from ..errors import TorchgraftError, UnknownFormatError
+from ..text import one_line
 from .interrupt import EXIT_INTERRUPTED, end_now, interrupted, interruptible
-from .text import one_line
 from .words import cli_words, format_names
 
 __all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CODES", "EXIT_OK", "LazyGroup", "cli", "main"]

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..text import one_line, shorten
 from ..units import human_bytes, plural
-from .text import one_line, shorten
 
 if TYPE_CHECKING:  # rendering never imports torch: completion and --help stay fast
     from ..graft import GraftReport

@@ -1,4 +1,4 @@
-"""Text from files made safe for a terminal: one line, no control characters."""
+"""Text from files made safe to show: one line, no control characters, shortened readably."""
 
 from __future__ import annotations
 
