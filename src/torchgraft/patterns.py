@@ -40,7 +40,7 @@ from .errors import TorchgraftError, shown
 __all__ = ["BUDGET_SECONDS", "SECONDS_PER_MATCH", "Matcher", "TimedPattern"]
 
 #: The most time one pattern's matching may take at once (and the budget it starts with).
-BUDGET_SECONDS = 2.0
+BUDGET_SECONDS = 1.0
 #: What each match adds to the budget: matching a real pattern against a key takes about
 #: a microsecond; a quadratic pattern over a 200-character key about a tenth of this.
 SECONDS_PER_MATCH = 0.0005

@@ -43,6 +43,8 @@ def _refused(path: Path, match: str) -> str:
      "nest deeper than 100"),
     ("bad.json", "[[1, 2]", "not valid JSON"),
     ("big.json", " " * (MAX_RULES_BYTES + 1), f"larger than the {MAX_RULES_BYTES} bytes"),
+    ("reshape.json", json.dumps([{"op": "reshape", "from": "w", "shape": [-1, -4]}]),
+     r"rule 1: reshape: shape must be whole numbers from 0, not \[-1, -4\]"),
 ])
 def test_a_hostile_rules_file_is_refused_fast_naming_it(tmp_path: Path, name: str, text: str,
                                                         match: str) -> None:
@@ -124,3 +126,22 @@ def test_the_same_pattern_over_real_keys_grafts(tmp_path: Path) -> None:  # the 
     torch.save({f"layer.{p}": t for p, t in _Net().state_dict().items()}, path)
     report = tg.graft(path, _Net(), rules=[[CATASTROPHIC + "|^never", r"\g<0>"]])
     assert report.ok
+
+
+def test_operation_rules_are_linear_in_the_keys() -> None:
+    from tests.helpers import assert_scales_linearly, cpu_seconds
+    from torchgraft.graft import Side, TensorInfo
+    from torchgraft.graft.layouts.op_rules import apply_op_rules
+    from torchgraft.meta import TensorMeta, TensorRef
+
+    rules = read_rules([{"op": "concatenate", "dim": 0, "to": r"\1.qkv.weight",
+                         "from": [rf"(.*)\.{p}\.weight" for p in "qkv"]}]).ops
+
+    def seconds(blocks: int) -> float:
+        names = [f"layers.{i}.{p}.weight" for i in range(blocks) for p in "qkv"]
+        side = Side({n: TensorInfo(n, (4, 4), torch.float32, "linear") for n in names})
+        refs = {n: TensorRef(TensorMeta.of((4, 4), torch.float32), lambda: torch.zeros(4, 4))
+                for n in names}
+        return cpu_seconds(lambda: apply_op_rules(rules, side, dict(refs)))
+
+    assert_scales_linearly(seconds, 1000)

@@ -48,7 +48,7 @@ class Rules:
     ops: tuple[OpRule, ...] = ()
 
 
-def _one(item: Any, number: int, origin: str) -> Rule | OpRule:
+def _one(item: Any, number: int) -> Rule | OpRule:
     """One rule from its declarative form, its matching timed (a budget of its own)."""
     if isinstance(item, Rule):
         return item.timed()
@@ -58,20 +58,20 @@ def _one(item: Any, number: int, origin: str) -> Rule | OpRule:
         return op_rule(item, number)
     if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
             or not (item[1] is None or isinstance(item[1], str))):
-        raise TorchgraftError(f"{origin}: rule {number} {shown(item, 80)} is not a [pattern, "
+        raise TorchgraftError(f"rule {number} {shown(item, 80)} is not a [pattern, "
                               "replacement] pair (replacement: a string, or null to drop the "
                               "key) nor an operation ({\"op\": ..., \"from\": ..., \"to\": ...})")
     return Rule(item[0], item[1]).timed()
 
 
-def _pairs(data: Any, origin: str) -> Iterable[Rule | OpRule]:
+def _pairs(data: Any) -> Iterable[Rule | OpRule]:
     if isinstance(data, Mapping):
         data = data.get("rules", data) if "rules" in data else list(data.items())
     if not isinstance(data, (list, tuple)):
-        raise TorchgraftError(f"{origin}: rules must be a list of [pattern, replacement] pairs "
+        raise TorchgraftError("rules must be a list of [pattern, replacement] pairs "
                               "and operations, or a mapping of pattern to replacement")
     for number, item in enumerate(data, start=1):
-        yield _one(item, number, origin)
+        yield _one(item, number)
 
 
 def _read_file(path: Path) -> Any:
@@ -117,9 +117,12 @@ def read_rules(spec: RulesSpec) -> Rules:
         return Rules()
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
-        rules = list(_pairs(_read_file(path), str(path)))
+        try:
+            rules = list(_pairs(_read_file(path)))
+        except TorchgraftError as exc:  # a rule's message names the rule: and the file
+            raise exc.located(path) from None
     else:
-        rules = list(_pairs(spec, "rules"))
+        rules = list(_pairs(spec))
     return Rules(tuple(r for r in rules if isinstance(r, Rule)),
                  tuple(r for r in rules if isinstance(r, OpRule)))
 
