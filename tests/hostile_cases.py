@@ -252,6 +252,41 @@ def _walk(kind: str, count: int) -> Case:
     return build
 
 
+def _rules(name: str, text: str) -> Case:
+    def build(folder: Path) -> Callable[[], object]:
+        from torchgraft.graft.layouts.rules import read_rules
+
+        (folder / name).write_text(text)
+        return lambda: read_rules(folder / name)
+    return build
+
+
+#: Nine levels of nine aliases each: 9^9 (387 million) strings once expanded, in 340 bytes.
+ALIAS_BOMB = "rules:\n" + "".join(
+    f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9))
+
+
+def _backtracking_rule(folder: Path) -> Callable[[], object]:
+    from torch import nn
+
+    torch.save({"0.weight": torch.ones(2, 2), "0.bias": torch.ones(2),
+                "a" * 40 + "!": torch.ones(1)}, folder / "keys.pt")
+    return lambda: tg.graft(folder / "keys.pt", nn.Sequential(nn.Linear(2, 2)),
+                            rules=[[r"^(\w+\.?)*$", "x"]])
+
+
+def _deep_key_page(folder: Path) -> Callable[[], object]:
+    from torch import nn
+
+    torch.save({"0.weight": torch.ones(2, 2), "0.bias": torch.ones(2),
+                ".".join(["part"] * 3000): torch.ones(1)}, folder / "deep.pt")
+
+    def read() -> object:
+        report = tg.graft(folder / "deep.pt", nn.Sequential(nn.Linear(2, 2)))
+        return f"{report.to_html(folder / 'report.html').stat().st_size} bytes of HTML"
+    return read
+
+
 def _ranks(folder: Path) -> Callable[[], object]:
     torch.save({"w": torch.ones(2)}, folder / "w.pt")
     return lambda: tg.convert(folder / "w.pt", folder / "dcp", format="dcp", ranks=2**31)
@@ -297,6 +332,12 @@ CASES: dict[str, Case] = {
     "Flax 4,000 modules with stack-like biases": _walk("flax", 4000),
     "DCP 16,000 chunks": _walk("dcp", 16_000),
     "convert ranks=2**31": _ranks,
+    "rules file: YAML alias bomb (9^9 strings)": _rules("bomb.yaml", ALIAS_BOMB),
+    "rules file: JSON nested 100,000 deep": _rules("deep.json", "[" * 100_000 + "]" * 100_000),
+    "rules file: reshape to [-1, -4]": _rules("reshape.json", json.dumps(
+        [{"op": "reshape", "from": "w", "shape": [-1, -4]}])),
+    "user regex backtracking over a 41-character key": _backtracking_rule,
+    "HTML report of a key of 3,000 dotted parts": _deep_key_page,
 }
 #: What reading a case ends in: the error's class, or ``None`` (it reads, bounded); every case
 #: not named here ends in a CorruptCheckpointError.
@@ -315,6 +356,11 @@ OUTCOMES: dict[str, str | None] = {
     "Flax 4,000 modules with stack-like biases": None,
     "DCP 16,000 chunks": None,
     "convert ranks=2**31": "TorchgraftError",
+    "rules file: YAML alias bomb (9^9 strings)": "TorchgraftError",
+    "rules file: JSON nested 100,000 deep": "TorchgraftError",
+    "rules file: reshape to [-1, -4]": "TorchgraftError",
+    "user regex backtracking over a 41-character key": "TorchgraftError",
+    "HTML report of a key of 3,000 dotted parts": None,
 }
 
 

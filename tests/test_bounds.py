@@ -10,12 +10,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import torchgraft as tg
-from torchgraft.bounds import check_fits, check_length, check_shape, check_view, view_extent
+from tests.helpers import assert_scales_linearly, cpu_seconds
+from torchgraft.bounds import (
+    check_fits,
+    check_length,
+    check_shape,
+    check_view,
+    parse_yaml,
+    view_extent,
+)
 
 ROOT = Path(__file__).parent.parent
 
@@ -85,3 +94,52 @@ def test_a_view_is_measured_by_its_extent() -> None:
         check_view((2,), (1,), 0, 1, what="t")
     with pytest.raises(tg.CorruptCheckpointError, match="malformed"):
         view_extent((2,), (-1,), 0, what="t")
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    """The billion laughs: nine lines that stand for 9^levels strings."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_built() -> None:
+    start = time.process_time()
+    with pytest.raises(tg.CorruptCheckpointError, match="alias bomb"):
+        parse_yaml(_alias_bomb(), what="the rules file")
+    assert time.process_time() - start < 1.0
+
+
+def test_yaml_aliases_that_repeat_a_little_are_read() -> None:  # the control
+    text = "drop: &drop null\nrules:\n  - ['^head\\.', *drop]\n  - ['^fc\\.', *drop]\n"
+    assert parse_yaml(text, what="rules") == {"drop": None, "rules": [["^head\\.", None],
+                                                                        ["^fc\\.", None]]}
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    pytest.param("[" * 500 + "]" * 500, "nest deeper than 100", id="flow lists"),
+    pytest.param("[" * 10_000 + "]" * 10_000, "nest deeper than 100|not valid YAML",
+                 id="flow lists past libyaml's own bound"),
+    pytest.param("".join(f"{' ' * i}k:\n" for i in range(1000)) + " " * 1000 + "k: 1\n",
+                 "nest deeper than 100", id="block mappings"),
+    pytest.param("&a [*a]", "inside what it names", id="recursive alias"),
+    pytest.param("rules: [a, *nowhere]", "before it is defined", id="undefined alias"),
+    pytest.param("!!python/object/apply:os.system ['true']", "not valid YAML", id="python tag"),
+    pytest.param("[1, 2", "not valid YAML", id="unclosed"),
+])
+def test_yaml_that_nests_too_deep_or_is_not_yaml_is_refused(text: str, match: str) -> None:
+    with pytest.raises(tg.CorruptCheckpointError, match=match) as caught:
+        parse_yaml(text, what="the rules file")
+    assert len(str(caught.value)) < 400
+
+
+def test_yaml_of_the_same_depth_is_read() -> None:  # the control: 100 levels are allowed
+    assert parse_yaml("[" * 100 + "]" * 100, what="rules") is not None
+
+
+def test_yaml_walk_is_linear() -> None:
+    def seconds(rules: int) -> float:
+        text = "rules:\n" + "".join(f"  - ['^layer{i}\\.', 'block{i}.']\n" for i in range(rules))
+        return cpu_seconds(lambda: parse_yaml(text, what="rules"))
+
+    assert_scales_linearly(seconds, 2000)

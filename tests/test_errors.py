@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 import torchgraft as tg
+from torchgraft.errors import shown
 
 _STATE = {"w": torch.arange(12, dtype=torch.float32).reshape(4, 3), "b": torch.ones(3).half(),
           "n": torch.tensor(5)}
@@ -179,3 +181,38 @@ def test_sharded_index_truncated_at_every_byte(tmp_path: Path) -> None:
         with pytest.raises(tg.TorchgraftError) as info:
             _load_fully(index)
         assert str(index) in str(info.value)
+
+
+def _shared_lists(depth: int) -> list[object]:
+    """Lists nested ``depth`` deep, each holding the one below twice: 2^depth leaves to render."""
+    node: list[object] = [1]
+    for _ in range(depth):
+        node = [node, node]
+    return node
+
+
+@pytest.mark.parametrize(("value", "start"), [
+    pytest.param(_shared_lists(60), "[[[[", id="shared lists"),  # an alias bomb: 10^18 leaves
+    pytest.param("x" * 10**7, "'xxx", id="long text"),
+    pytest.param(10**20000, "<66439-bit integer>", id="huge integer"),
+    pytest.param(b"\x00" * 10**7, "b'\\x00", id="long bytes"),
+    pytest.param(torch.Size([3, 4]), "(3, 4)", id="torch.Size"),
+])
+def test_shown_renders_a_bounded_part_of_any_value(value: object, start: str) -> None:
+    text = shown(value, 80)
+    assert text.startswith(start) and len(text) <= 80
+
+
+def test_shown_shows_small_values_whole() -> None:  # the control: nothing lost when it fits
+    value = {"op": "reshape", "shape": [-1, 4], "from": "a.weight"}
+    assert shown(value, 200) == repr(value)
+    assert shown("abc") == "'abc'" and shown(None) == "None" and shown(1.5) == "1.5"
+
+
+def test_no_error_renders_a_value_before_cutting_it() -> None:
+    """``{value!r:.80}`` renders all of ``value`` first: messages use :func:`shown`."""
+    src = Path(__file__).parent.parent / "src" / "torchgraft"
+    found = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"![rsa]:\.\d", line)]
+    assert not found

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptCheckpointError, brief
+from .errors import CorruptCheckpointError, MissingDependencyError, brief, shown
 
 __all__ = ["MAX_INDEX_BYTES", "MAX_NDIM", "MAX_NESTING", "MAX_RANKS", "check_fits",
            "check_length", "check_nesting", "check_shape", "check_view", "parse_json",
-           "view_extent"]
+           "parse_yaml", "view_extent"]
 
 #: More dimensions than this is no tensor (torch allows 64... in practice, far fewer).
 MAX_NDIM = 64
@@ -55,7 +55,7 @@ def check_length(value: Any, *, available: int, what: str,
         CorruptCheckpointError: If it is not an integer, negative, or more than available.
     """
     if not _integer(value) or not 0 <= value <= available:
-        raise CorruptCheckpointError(f"{what} is {value!r:.40}, where at most {available} "
+        raise CorruptCheckpointError(f"{what} is {shown(value, 40)}, where at most {available} "
                                      "can be: the file is truncated or lies", path=path)
     return int(value)
 
@@ -76,7 +76,7 @@ def check_shape(value: Any, *, what: str, path: str | Path | None = None) -> tup
     """
     if not isinstance(value, (list, tuple)) or len(value) > MAX_NDIM or not all(
             _integer(d) and d >= 0 for d in value):
-        raise CorruptCheckpointError(f"{what} has a malformed shape {value!r:.80}", path=path)
+        raise CorruptCheckpointError(f"{what} has a malformed shape {shown(value, 80)}", path=path)
     return tuple(int(d) for d in value)
 
 
@@ -171,7 +171,8 @@ def check_nesting(depth: int, *, what: str, path: str | Path | None = None) -> N
 
 def _too_deep(what: str, path: str | Path | None) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"{what} nest deeper than {MAX_NESTING} levels, which no "
-                                  "checkpoint does: the file is damaged or forged", path=path)
+                                  "real file of its kind does: it is damaged or forged",
+                                  path=path)
 
 
 def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) -> Any:
@@ -203,3 +204,82 @@ def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) 
             children = node.values() if isinstance(node, dict) else node
             stack.extend((child, depth + 1) for child in children)
     return value
+
+
+def _yaml_values(text: str, *, what: str, path: str | Path | None) -> int:
+    """How many values a YAML document stands for, each alias counted as what it repeats.
+
+    One pass over the parser's events (the parser keeps its own stack: no recursion), before
+    anything is built: nesting is checked at each opening, an alias adds the size of what its
+    anchor holds, and an alias to a collection still open (a recursive one) is refused.
+    """
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    open_: list[list[Any]] = []  # per open collection: its anchor, and its values so far
+    sizes: dict[str, int] = {}  # per anchor: the values it stands for
+    total = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_.append([event.anchor, 1])
+            check_nesting(len(open_), what=f"{what}'s lists and mappings", path=path)
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            anchor, count = open_.pop()
+            if anchor is not None:
+                sizes[anchor] = count
+        elif isinstance(event, yaml.ScalarEvent):
+            count = 1
+            if event.anchor is not None:
+                sizes[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            if event.anchor not in sizes:  # undefined, or an alias inside its own anchor
+                raise CorruptCheckpointError(
+                    f"{what} uses alias *{shown(event.anchor, 40)} inside what it names or "
+                    "before it is defined", path=path)
+            count = sizes[event.anchor]
+        else:
+            continue
+        if open_:
+            open_[-1][1] += count
+        else:
+            total += count
+        if total > len(text) or (open_ and open_[-1][1] > len(text)):
+            raise CorruptCheckpointError(
+                f"{what}'s aliases repeat its values more times than it has characters "
+                f"({len(text)}): a YAML alias bomb; write the values out", path=path)
+    return total
+
+
+def parse_yaml(text: str, *, what: str, path: str | Path | None = None) -> Any:
+    """Parse a YAML document safely (no Python tags), its size once expanded bounded.
+
+    YAML's aliases repeat what an anchor holds: nine lines can stand for 10^9 values, which
+    building, walking or printing would never finish. A document may stand for at most as
+    many values as it has characters (a document without aliases always does), and nest at
+    most :data:`MAX_NESTING` levels; both are checked on the parser's events before anything
+    is built.
+
+    Args:
+        text: The document (already bounded in size by the caller).
+        what: The document, for the message (``"the rules file"``).
+        path: The file, for the message.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        MissingDependencyError: If PyYAML is not installed.
+        CorruptCheckpointError: If it is not valid YAML, expands too far or nests too deeply.
+    """
+    try:
+        import yaml
+    except ImportError:
+        raise MissingDependencyError("yaml", extra="yaml", feature=f"YAML ({what})") from None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        _yaml_values(text, what=what, path=path)
+        return yaml.load(text, Loader=loader)  # a safe loader: no Python tags
+    except yaml.YAMLError as exc:
+        raise CorruptCheckpointError(f"{what} is not valid YAML ({brief(exc)})",
+                                     path=path) from None

@@ -14,7 +14,7 @@ import torch
 from .bounds import MAX_RANKS
 from .checkpoint import OpenOptions, open_with
 from .containers import all_tensors
-from .errors import TorchgraftError
+from .errors import TorchgraftError, shown
 from .graft.layouts.experts import per_expert
 from .graft.layouts.rules import RulesSpec, parse_rules
 from .io import WriteJob
@@ -182,9 +182,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     cast_to = parse_dtype(dtype) if dtype else None
     if ranks is not None and (fmt.writes != "dcp" or isinstance(ranks, bool)
                               or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
-        raise TorchgraftError(f"ranks={ranks!r:.40} (CLI: --ranks): a DCP directory is written "
-                              f"for 1 to {MAX_RANKS} ranks; {fmt.writes} files are not split "
-                              "by rank", path=destination)
+        raise TorchgraftError(f"ranks={shown(ranks, 40)} (CLI: --ranks): a DCP directory is "
+                              f"written for 1 to {MAX_RANKS} ranks; {fmt.writes} files are not "
+                              "split by rank", path=destination)
     with open_with(src, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
         report = ConvertReport(str(ckpt.path), ckpt.format, str(fmt.writes))
         tensors: dict[str, TensorRef] = {}

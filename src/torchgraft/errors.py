@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
+import reprlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "CheckpointNotFoundError",
@@ -24,6 +27,7 @@ __all__ = [
     "brief",
     "parse_errors",
     "reading",
+    "shown",
 ]
 
 #: The most characters of a parser's message quoted in an error (it may quote the file).
@@ -187,6 +191,58 @@ def brief(exc: BaseException) -> str:
     text = str(exc)
     cut = text[:MAX_QUOTED] + ("..." if len(text) > MAX_QUOTED else "")
     return f"{type(exc).__name__}: {cut}"
+
+
+class _Shown(reprlib.Repr):
+    """A repr that visits a bounded part of a value (a few items per level, a few levels)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, limit, limit, 40
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = 6
+
+    def repr1(self, x: object, level: int) -> str:
+        """Containers by kind (subclasses too), huge integers by size, text and bytes cut."""
+        if isinstance(x, bool) or x is None:
+            return repr(x)
+        if isinstance(x, int):  # a 10^6-digit integer: its repr alone would raise or take time
+            return repr(int(x)) if x.bit_length() <= 128 else f"<{x.bit_length()}-bit integer>"
+        for kind in (str, dict, list, tuple, set, frozenset):
+            if isinstance(x, kind):  # subclasses too (torch.Size, OrderedDict)
+                return str(getattr(self, f"repr_{kind.__name__}")(x, level))
+        if isinstance(x, (bytes, bytearray)):
+            head = repr(bytes(x[:self.maxstring]))
+            return head + ("..." if len(x) > self.maxstring else "")
+        return super().repr1(x, level)
+
+    def repr_dict(self, x: dict[Any, Any], level: int) -> str:
+        """Items in their order (reprlib sorts them: all of them, to show six)."""
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                  for k, v in itertools.islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(pieces + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """A value from a file as an error shows it: at most ``limit`` characters, computed so.
+
+    A precision after ``!r`` in an f-string cuts the repr after rendering all of the value:
+    a YAML alias bomb or a
+    pickle's shared lists nested 40 deep are 10^12 items to render. This visits at most six
+    items of each container, three levels deep, and cuts strings before quoting them.
+
+    Args:
+        value: Anything read from a file or given by a user.
+        limit: The most characters shown.
+
+    Returns:
+        Its repr, or the start of it followed by ``...``.
+    """
+    text = _Shown(limit).repr(value)
+    return text if len(text) <= limit else text[:max(limit - 3, 0)] + "..."
 
 
 def parse_errors() -> tuple[type[BaseException], ...]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .errors import CorruptCheckpointError, UnsupportedCheckpointError
+from .errors import CorruptCheckpointError, UnsupportedCheckpointError, shown
 from .meta import TensorMeta, TensorRef
 
 __all__ = ["INT_REPR", "is_quantized", "quantized_ref"]
@@ -35,7 +35,7 @@ def is_quantized(dtype: torch.dtype) -> bool:
 
 def _number(value: Any, kind: type[float] | type[int], what: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CorruptCheckpointError(f"quantized tensor record with {what} {value!r:.40}")
+        raise CorruptCheckpointError(f"quantized tensor record with {what} {shown(value, 40)}")
     return kind(value)
 
 
@@ -125,7 +125,7 @@ def quantized_ref(values: TensorRef, dtype: torch.dtype, quantizer: Any) -> Tens
         make = _per_channel(quantizer, values.meta.shape, dtype)
     else:
         raise UnsupportedCheckpointError(
-            f"quantization scheme {scheme!r:.40} is not read; dequantize before saving")
+            f"quantization scheme {shown(scheme, 40)} is not read; dequantize before saving")
 
     def read() -> torch.Tensor:
         return make(values.read())

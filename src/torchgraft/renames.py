@@ -10,7 +10,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import TorchgraftError
+from .errors import TorchgraftError, shown
+from .patterns import Matcher, TimedPattern
 
 __all__ = ["Rule", "rename"]
 
@@ -22,27 +23,42 @@ class Rule:
     Attributes:
         pattern: A regular expression searched in the key.
         replacement: The ``re.sub`` replacement (``\1`` groups allowed); ``None`` drops the key.
+        regex: The compiled pattern.
+        matcher: What keys are matched with: ``regex`` for the library's own rules, a
+            :class:`~torchgraft.patterns.TimedPattern` for a user's (:meth:`timed`).
     """
 
     pattern: str
     replacement: str | None
     regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    matcher: Matcher = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "regex", re.compile(self.pattern))
+            object.__setattr__(self, "matcher", self.regex)
         except (re.error, RecursionError, OverflowError) as exc:
-            raise TorchgraftError(f"rule pattern {self.pattern!r:.80} is not a regex: {exc}"
+            raise TorchgraftError(f"rule pattern {shown(self.pattern, 80)} is not a regex: {exc}"
                                   ) from None
         if self.replacement is not None:
             try:  # a group reference the pattern lacks (\9) fails here, not mid-graft
                 self.regex.sub(self.replacement, "")  # the template is compiled before matching
             except (re.error, IndexError) as exc:
-                raise TorchgraftError(f"rule replacement {self.replacement!r:.80} does not fit "
-                                      f"pattern {self.pattern!r:.80}: {exc}") from None
+                raise TorchgraftError(f"rule replacement {shown(self.replacement, 80)} does not "
+                                      f"fit pattern {shown(self.pattern, 80)}: {exc}") from None
 
     def __str__(self) -> str:
-        return f"({self.pattern!r} -> {self.replacement!r})"
+        return f"({shown(self.pattern, 200)} -> {shown(self.replacement, 200)})"
+
+    def timed(self) -> Rule:
+        """This rule as a user's: its matches share a time budget of their own.
+
+        Returns:
+            A copy whose :attr:`matcher` is a :class:`~torchgraft.patterns.TimedPattern`.
+        """
+        rule = Rule(self.pattern, self.replacement)
+        object.__setattr__(rule, "matcher", TimedPattern(rule.regex, what="rule pattern"))
+        return rule
 
 
 def rename(name: str, rules: Sequence[Rule]) -> tuple[str | None, Rule | None]:
@@ -58,10 +74,10 @@ def rename(name: str, rules: Sequence[Rule]) -> tuple[str | None, Rule | None]:
     changed_by = None
     for rule in rules:
         if rule.replacement is None:
-            if rule.regex.search(name):
+            if rule.matcher.search(name):
                 return None, rule
             continue
-        new = rule.regex.sub(rule.replacement, name)
+        new = rule.matcher.sub(rule.replacement, name)
         if new != name:
             name, changed_by = new, rule
     return name, changed_by

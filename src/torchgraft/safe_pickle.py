@@ -46,6 +46,7 @@ from .errors import (
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
     reading,
+    shown,
 )
 from .meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 
@@ -352,7 +353,7 @@ def _encode(text: str, encoding: str = "utf-8") -> bytes:
     try:
         name = codecs.lookup(encoding).name
     except (LookupError, TypeError):
-        raise CorruptCheckpointError(f"_codecs.encode with unknown encoding {encoding!r:.40}"
+        raise CorruptCheckpointError(f"_codecs.encode with unknown encoding {shown(encoding, 40)}"
                                      ) from None
     if name not in ("latin-1", "iso8859-1", "utf-8", "ascii"):
         raise UnsafeCheckpointError(f"_codecs.encode with encoding {encoding!r}")
@@ -398,7 +399,7 @@ class _NumpyDType:
         try:
             self.dtype = np.dtype(code)
         except (TypeError, ValueError):
-            raise CorruptCheckpointError(f"numpy dtype code {code!r:.40} is unknown") from None
+            raise CorruptCheckpointError(f"numpy dtype code {shown(code, 40)} is unknown") from None
         if self.dtype.hasobject:
             raise UnsupportedCheckpointError("numpy arrays of Python objects are not read")
 
@@ -527,7 +528,8 @@ class _Rebuilders:
         """A quantized tensor: its integer values, read lazily, and its quantizer."""
         dtype = getattr(storage, "dtype", None)
         if dtype not in quantized.INT_REPR:
-            raise CorruptCheckpointError(f"quantized tensor record with storage {storage!r:.60}")
+            raise CorruptCheckpointError(
+                f"quantized tensor record with storage {shown(storage, 60)}")
         values = self._make(storage, offset, size, stride, quantized.INT_REPR[dtype])
         return quantized.quantized_ref(values, dtype, quantizer)
 

@@ -37,6 +37,7 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "mymodels.py").write_text(MODEL)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("taken")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
     return tmp_path
 
 
@@ -95,6 +96,10 @@ BAD = {
     "an opset not exported": (["export", "mymodels.py:net", "--out", "x.onnx",
                                "--input-shape", "1,2", "--opset", "30"], "9<=x<=20"),
     "demo into a folder with files": (["demo", "--keep", "full"], "already holds files"),
+    "demo onto a file": (["demo", "--keep", "w.safetensors"], "is a file"),
+    "demo under a file": (["demo", "--keep", "w.safetensors/sub"],
+                          "cannot make the folder 'w.safetensors/sub' (Not a directory)"),
+    "demo onto a link to nothing": (["demo", "--keep", "gone"], "'gone' is a link to nothing"),
     "an unknown option": (["convert", "w.safetensors", "o.pt", "--fromat", "torch"],
                           "Did you mean '--format'"),
     "an unknown command": (["convrt"], "No such command"),

@@ -25,10 +25,11 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.mark.slow
 def test_demo_json(run: Run, tmp_path: Path) -> None:
-    result = run("demo", "--json", "--keep", str(tmp_path))
+    kept = tmp_path / "new" / "folder"  # made, as --keep makes a new folder
+    result = run("demo", "--json", "--keep", str(kept))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["kept"] == str(tmp_path) and (tmp_path / "lenet.safetensors").exists()
+    assert data["kept"] == str(kept) and (kept / "lenet.safetensors").exists()
     steps = {step["file"]: step for step in data["inspect"]}
     assert len(steps) == 10
     refused = steps.pop("payload.pkl")
@@ -56,7 +57,7 @@ def test_demo_json(run: Run, tmp_path: Path) -> None:
         "rows 10->21: 10 kept chosen by label_map, 11 new (init=keep)"
     renamed = grafts["LeNet rewritten as nn.Sequential: no name in common"]["report"]
     assert set(renamed["matched_by"].values()) == {"structure"}
-    _printed_commands_run_in_the_kept_folder(data, tmp_path)
+    _printed_commands_run_in_the_kept_folder(data, kept)
 
 
 def _graft(built: list[torch.nn.Module], path: str, model: torch.nn.Module,

@@ -74,3 +74,31 @@ def test_graft_saves_in_the_layout_of_another_checkpoint(run: Run, tmp_path: Pat
     saved, expected = load_file(out), load_file(layout)
     assert list(saved) == list(expected)
     assert all(torch.equal(saved[k], v) for k, v in expected.items())
+
+
+#: Nine levels of nine aliases each: 9^9 strings once expanded.
+ALIAS_BOMB = "rules:\n" + "".join(
+    f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(9))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rules", "says"), [
+    (ALIAS_BOMB, "a YAML alias bomb"),
+    ("rules: [[" + "[" * 200 + "]" * 200 + "]]", "nest deeper than 100 levels"),
+    (r"rules: [['^(\w+\.?)*$', '\g<0>']]", None),  # the control: real keys, no backtracking
+], ids=["alias bomb", "nesting", "control"])
+def test_a_hostile_rules_file_exits_2_in_one_line(run: Run, tmp_path: Path, rules: str,
+                                                   says: str | None) -> None:
+    source = tmp_path / "w.safetensors"
+    save_file({"layer.weight": torch.ones(2, 2), "layer.bias": torch.ones(2)}, str(source))
+    (tmp_path / "tiny.py").write_text("from torch import nn\n\n\nclass Tiny(nn.Module):\n"
+                                      "    def __init__(self):\n        super().__init__()\n"
+                                      "        self.layer = nn.Linear(2, 2)\n")
+    (tmp_path / "rules.yaml").write_text(rules)
+    result = run("graft", str(source), "--model", f"{tmp_path / 'tiny.py'}:Tiny", "--rules",
+                 str(tmp_path / "rules.yaml"), "--dry-run")
+    if says is None:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode == 2 and says in result.stderr, result.stderr
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr

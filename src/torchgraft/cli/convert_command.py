@@ -9,12 +9,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..dtype_names import CASTS
+from ..text import one_line
 from .checks import existing_file, shard_size, source_path
 from .options import source_options
 from .outputs import output_format
 from .progress import steps
 from .render import print_json
-from .text import one_line
 from .words import cli_words
 
 __all__ = ["WRITES", "convert_command"]

@@ -19,9 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import UnsafeCheckpointError
+from ..text import one_line
 from ..units import human_bytes, plural
 from .render import print_json, print_rows, summarised
-from .text import one_line
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
     from ..demo import Example, GraftStep
@@ -152,10 +152,25 @@ def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[Gra
 
 
 def _new_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """``--keep``: a folder that does not exist yet, or an empty one (nothing is replaced)."""
-    if value is not None and value.is_dir() and any(value.iterdir()):
+    """``--keep``: a folder that does not exist yet (made here), or an empty one.
+
+    Nothing is replaced: a folder holding files, a file, or a link to nothing is refused, and
+    so is a folder that cannot be made (under a file, without permission), before any work.
+    """
+    if value is None:
+        return None
+    if value.is_dir() and any(value.iterdir()):
         raise click.BadParameter(f"'{value}' already holds files; give a new or empty folder",
                                  ctx=ctx, param=param)
+    if value.is_symlink() and not value.exists():
+        raise click.BadParameter(f"'{value}' is a link to nothing; give a new or empty folder",
+                                 ctx=ctx, param=param)
+    try:
+        value.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot make the folder '{value}' ({exc.strerror}); give a "
+                                 "new or empty folder where you can write", ctx=ctx,
+                                 param=param) from None
     return value
 
 

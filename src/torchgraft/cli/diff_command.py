@@ -8,10 +8,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from ..text import one_line
 from .checks import source_path
 from .progress import steps
 from .render import print_json, print_rows
-from .text import one_line
 
 __all__ = ["SHOWN", "diff_command"]
 

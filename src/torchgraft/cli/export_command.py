@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from ..text import one_line
 from .checks import factory_spec, json_object, source_path
 from .progress import steps
 from .render import print_json, print_report, safe_text
-from .text import one_line
 from .words import cli_words
 
 __all__ = ["MAX_INPUT_VALUES", "MAX_OPSET", "MIN_OPSET", "export_command"]

@@ -9,12 +9,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from ..text import one_line, shorten
 from .checks import existing_file, factory_spec, json_object, label_rows, source_path
 from .options import source_options
 from .outputs import WRITERS, output_format
 from .progress import steps
 from .render import print_json, print_report, safe_text
-from .text import one_line, shorten
 from .words import cli_words
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it

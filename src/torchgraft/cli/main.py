@@ -24,11 +24,12 @@ import click
 
 from .._version import __version__
 from ..errors import TorchgraftError, UnknownFormatError
+from ..text import one_line
 from .interrupt import EXIT_INTERRUPTED, end_now, interrupted, interruptible
-from .text import one_line
 from .words import cli_words, format_names
 
-__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CODES", "EXIT_OK", "LazyGroup", "cli", "main"]
+__all__ = ["COMMANDS", "EXIT_BAD_INPUT", "EXIT_CODES", "EXIT_OK", "LazyGroup", "OneLineFormatter",
+           "cli", "main"]
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -97,8 +98,19 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="torchgraft")
 def cli(debug: bool) -> None:
     """The ``torchgraft`` command group (its help text is built above, with the exit codes)."""
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
+
+
+class OneLineFormatter(logging.Formatter):
+    """Log lines whose message is one line of text: names from files may hold terminal codes."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line, its message's control characters written out (a traceback stays)."""
+        shown = logging.makeLogRecord(record.__dict__)
+        shown.message = one_line(record.message)
+        return super().formatMessage(shown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,6 +27,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ..text import one_line
 from ..units import human_bytes
 
 __all__ = ["DELAY", "Steps", "steps"]
@@ -73,10 +75,15 @@ class Steps:
         self.task: TaskID | None = None
 
     def step(self, description: str) -> None:
-        """Start a step, of unknown length until a callback gives its total."""
+        """Start a step, of unknown length until a callback gives its total.
+
+        Args:
+            description: Plain text (a file's name in it is shown as it is, not as markup).
+        """
         if self.task is not None:
             self.bar.remove_task(self.task)
-        self.task = self.bar.add_task(description, total=None, unit="", since=time.monotonic())
+        self.task = self.bar.add_task(escape(one_line(description)), total=None, unit="",
+                                      since=time.monotonic())
 
     def counter(self, unit: str) -> Callable[[int, int], None]:
         """A progress callback for the current step: (done, total) in ``unit`` (``bytes``)."""

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..text import one_line, shorten
 from ..units import human_bytes, plural
-from .text import one_line, shorten
 
 if TYPE_CHECKING:  # rendering never imports torch: completion and --help stay fast
     from ..graft import GraftReport
@@ -34,8 +34,12 @@ def safe_text(text: str) -> str:
 
 
 def print_json(console: Console, data: Any) -> None:
-    """Print data as JSON, unstyled, for scripts."""
-    console.print_json(json.dumps(data, default=str), highlight=False)
+    """Print data as JSON, unstyled, for scripts, in ASCII.
+
+    Every other character is an escape: a name's terminal codes or direction marks are data,
+    not instructions to the terminal.
+    """
+    console.print_json(json.dumps(data, default=str), highlight=False, ensure_ascii=True)
 
 
 def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> None:
@@ -72,7 +76,7 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
                       soft_wrap=not console.is_terminal)
     if len(info.by_dtype) > 1:
         for name, totals in info.by_dtype.items():
-            console.print(f"  {'':>13}  {name}: {plural(totals.tensors, 'tensor')}, "
+            console.print(f"  {'':>13}  {safe_text(name)}: {plural(totals.tensors, 'tensor')}, "
                           f"{plural(totals.parameters, 'value')}, {human_bytes(totals.bytes)}")
     if info.extras:
         console.print(f"  [cyan]{'extras':>13}[/cyan]")

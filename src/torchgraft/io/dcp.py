@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..bounds import check_fits, check_length, check_shape
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject, safe_load
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
@@ -39,14 +39,14 @@ def _claims(path: Path) -> bool:
 def _field(attrs: dict[str, Any], name: str, kind: type, path: Path) -> Any:
     value = attrs.get(name)
     if not isinstance(value, kind):
-        raise CorruptCheckpointError(f"a record's '{name}' is {value!r:.60}, not a "
+        raise CorruptCheckpointError(f"a record's '{name}' is {shown(value, 60)}, not a "
                                      f"{kind.__name__}", path=path)
     return value
 
 
 def _attrs(obj: Any, kind: str, path: Path) -> dict[str, Any]:
     if not isinstance(obj, PickledObject) or not obj.global_name.endswith(kind):
-        raise CorruptCheckpointError(f"expected a {kind} record, found {obj!r:.80}", path=path)
+        raise CorruptCheckpointError(f"expected a {kind} record, found {shown(obj, 80)}", path=path)
     return obj.attributes()
 
 
@@ -77,7 +77,7 @@ class _Storage:
             fqn = _field(where, "fqn", str, metadata_path)
             if item.get("transform_descriptors"):
                 raise UnsupportedCheckpointError(
-                    f"'{fqn}' is stored with transforms {item['transform_descriptors']!r:.80}",
+                    f"'{fqn}' is stored with transforms {shown(item['transform_descriptors'], 80)}",
                     path=metadata_path)
             offset = where.get("offset")
             key = (fqn, None if offset is None else check_shape(

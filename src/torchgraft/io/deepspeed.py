@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..bounds import MAX_RANKS, check_shape
-from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, TorchgraftError, UnsupportedCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject
 from .base import Contents, Format, ReadOptions
@@ -106,7 +106,7 @@ def _zero_stage(value: Any) -> int:
     if isinstance(value, PickledObject) and value.called and len(value.args) == 1:
         value = value.args[0]
     if isinstance(value, bool) or not isinstance(value, int) or value not in (1, 2, 3):
-        raise CorruptCheckpointError(f"unknown ZeRO stage {value!r:.40}")
+        raise CorruptCheckpointError(f"unknown ZeRO stage {shown(value, 40)}")
     return value
 
 
@@ -258,8 +258,8 @@ def _rank_count(value: Any, files: int) -> None:
     """``partition_count``: the ranks, one number or one per parameter group (stages 1, 2)."""
     counts = value if isinstance(value, list) else [value]
     if not counts or not all(_integer(c) for c in counts):
-        raise CorruptCheckpointError(f"the optimizer's partition_count is {value!r:.60}, not a "
-                                     "number of ranks")
+        raise CorruptCheckpointError(f"the optimizer's partition_count is {shown(value, 60)}, "
+                                     "not a number of ranks")
     if max(counts) != files:
         raise CorruptCheckpointError(f"the optimizer says {max(counts)} ranks, the folder has "
                                      f"{files} rank files")
@@ -289,8 +289,8 @@ def _paddings(value: Any, groups: int) -> list[list[int]]:
         return []
     if not isinstance(value, list) or len(value) > groups or not all(
             isinstance(p, list) and all(_integer(n) and n >= 0 for n in p) for p in value):
-        raise CorruptCheckpointError(f"param_alignment_paddings is {value!r:.60}, not lists of "
-                                     "element counts, one per parameter group")
+        raise CorruptCheckpointError(f"param_alignment_paddings is {shown(value, 60)}, not "
+                                     "lists of element counts, one per parameter group")
     return value
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..bounds import check_nesting, parse_json
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, brief
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, brief, shown
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions, closed_on_error
 from .framework import (
@@ -109,7 +109,7 @@ def _own_storage(dataset: Any, name: str, path: str) -> None:
     if plist.get_external_count():
         target = plist.get_external(0)[0]
         raise UnsupportedCheckpointError(
-            f"'{name}' keeps its bytes in another file ({target!r:.120}, HDF5 external "
+            f"'{name}' keeps its bytes in another file ({shown(target, 120)}, HDF5 external "
             "storage): torchgraft reads data only from the file's own storage, never from "
             "where a file points; save the weights into one file", path=path)
 
@@ -125,7 +125,7 @@ def _member(group: Any, key: str, path: str) -> Any:
         if not isinstance(link, (h5py.HardLink, h5py.SoftLink)):
             raise UnsupportedCheckpointError(
                 f"'{node.name}/{part}' is a link into another file "
-                f"({getattr(link, 'filename', '?')!r:.120}): torchgraft reads only the file "
+                f"({shown(getattr(link, 'filename', '?'), 120)}): torchgraft reads only the file "
                 "it is given", path=path)
         node = node[part]
     return node

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..bounds import parse_json
-from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
+from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions, closed_on_error
 from .source import FileSource, check_view, contiguous_strides, strided
@@ -121,8 +121,8 @@ class _Archive:
         dtype = SCALAR_TYPES.get(meta.get("dtype"))  # type: ignore[arg-type]
         if dtype is None or meta.get("layout", _STRIDED_LAYOUT) != _STRIDED_LAYOUT:
             raise UnsupportedCheckpointError(
-                f"tensor '{name}' has dtype code {meta.get('dtype')!r:.20} or layout "
-                f"{meta.get('layout')!r:.20}, which torchgraft does not read", path=self.path)
+                f"tensor '{name}' has dtype code {shown(meta.get('dtype'), 20)} or layout "
+                f"{shown(meta.get('layout'), 20)}, which torchgraft does not read", path=self.path)
         shape = _ints(meta.get("sizes"), f"tensor '{name}' sizes", self.path)
         stride = _ints(meta.get("strides"), f"tensor '{name}' strides", self.path)
         (offset,) = _ints([meta.get("storage_offset", {"as_int": 0})],

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import torch
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import StorageType
 from .boxes import box_reader
@@ -56,10 +56,10 @@ class Storage:
             CorruptCheckpointError: If the record is malformed.
         """
         if not isinstance(pid, tuple) or len(pid) != fields or text(pid[0]) != "storage":
-            raise CorruptCheckpointError(f"unknown storage record {pid!r:.80}")
+            raise CorruptCheckpointError(f"unknown storage record {shown(pid, 80)}")
         storage_type, key, location, numel = pid[1:5]
         if not isinstance(storage_type, StorageType) or not isinstance(numel, int):
-            raise CorruptCheckpointError(f"malformed storage record {pid!r:.80}")
+            raise CorruptCheckpointError(f"malformed storage record {shown(pid, 80)}")
         return cls(text(key), storage_type.dtype, text(location), numel)
 
 

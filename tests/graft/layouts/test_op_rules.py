@@ -141,6 +141,19 @@ def _error(hf: torch.nn.Module, tmp_path: Path, rules: list[Any]) -> str:
      "with the same groups: capture what tells them apart"),
     ({"op": "concatenate", "from": [Q, K], "to": "lm_head.weight"},
      "it would make 'lm_head.weight' twice"),
+    # sizes are checked one by one as the rule is read (products and sums alone accept these)
+    ({"op": "reshape", "from": Q, "shape": [-64, -64]}, "reshape: shape must be whole numbers "
+                                                         "from 0, not [-64, -64]"),
+    ({"op": "split", "from": Q, "sizes": [-32, 96], "to": ["a", "b"]},
+     "split: sizes must be whole numbers from 1"),
+    ({"op": "split", "from": Q, "count": -2, "to": ["a", "b"]}, "count must be whole numbers"),
+    ({"op": "interleave", "from": [Q, K], "sizes": [0, 8], "to": "x"}, "interleave: sizes"),
+    ({"op": "deinterleave", "from": Q, "sizes": [], "to": ["a", "b"]}, "deinterleave: sizes"),
+    ({"op": "rotary", "from": Q, "to_halves": True, "head_dim": -2}, "rotary: head_dim"),
+    ({"op": "reverse", "from": Q, "parts": -2}, "reverse: parts"),
+    ({"op": "offset", "from": Q, "delta": float("nan")}, "delta must be a finite number"),
+    ({"op": "weight_norm_split", "from": Q, "magnitude": [-64, 1], "to": ["g", "v"]},
+     "weight_norm_split: magnitude"),
 ])
 def test_bad_rules_name_the_rule(hf: torch.nn.Module, tmp_path: Path, rule: dict[str, Any],
                                  says: str) -> None:

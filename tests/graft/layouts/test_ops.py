@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -139,3 +141,34 @@ def test_lazy_reads_nothing_until_asked_and_blocks_of_rows() -> None:
     assert torch.equal(k_again.read(), parts["k"])
     with pytest.raises(TorchgraftError, match="equal parts"):
         ops.lazy(ops.Split(0, count=5), [fused])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ops.Reshape((-1, -4)),  # the size of (4,), by products
+    lambda: ops.Reshape((2, True)),
+    lambda: ops.Reshape((1,) * 65),
+    lambda: ops.Split(0, sizes=(-2, 6)),  # adds up to 4
+    lambda: ops.Split(0, count=0),
+    lambda: ops.Split(0, sizes=(2, 2), count=2),
+    lambda: ops.Interleave((4, 0)),
+    lambda: ops.Deinterleave(()),
+    lambda: ops.RotaryRows(0, to_halves=True),
+    lambda: ops.RotaryRows(4, to_halves=True, rows=-8),
+    lambda: ops.Reverse(0, -2),
+    lambda: ops.Offset(float("inf")),
+    lambda: ops.WeightNormSplit(0, (-6, 1)),
+], ids=["reshape negative", "reshape bool", "reshape 65 dims", "split negative", "split 0",
+        "split sizes and count", "interleave 0", "deinterleave none", "rotary 0", "rotary rows",
+        "reverse", "offset inf", "magnitude"])
+def test_sizes_that_are_no_sizes_are_refused_as_the_operation_is_made(make: Any) -> None:
+    with pytest.raises(TorchgraftError, match="must be|no tensor's|not both"):
+        make()
+
+
+def test_sizes_from_zero_or_one_are_operations() -> None:  # the controls
+    assert ops.Reshape((3, 4)).shapes([(12,)]) == [(3, 4)]
+    assert ops.Reshape((0, 4)).shapes([(0, 3)]) == [(0, 4)]  # an empty tensor's shape
+    assert ops.Split(0, sizes=(1, 3)).shapes([(4, 2)]) == [(1, 2), (3, 2)]
+    assert ops.Offset(-1).shapes([(3,)]) == [(3,)]
+    with pytest.raises(TorchgraftError, match="does not split into 3"):  # no 0-row parts
+        ops.Split(0, count=3).shapes([(0, 2)])

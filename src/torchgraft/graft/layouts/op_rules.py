@@ -26,8 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import TorchgraftError
+from ...errors import TorchgraftError, shown
 from ...meta import TensorRef
+from ...patterns import TimedPattern
 from ..tensors import Side, TensorInfo
 from . import ops
 
@@ -70,6 +71,9 @@ class OpRule:
         targets: One template per output.
         params: The operation's fields (``n_heads`` for rotary rows besides).
         number: The rule's place among the rules (from 1), for messages.
+        regexes: The compiled patterns.
+        matchers: The patterns as keys are matched with them, within a time budget of this
+            rule's (:class:`~torchgraft.patterns.TimedPattern`; a copy has a budget of its own).
     """
 
     kind: str
@@ -78,29 +82,36 @@ class OpRule:
     params: tuple[tuple[str, Any], ...] = ()
     number: int = 0
     regexes: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    matchers: tuple[TimedPattern, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "regexes", tuple(re.compile(s) for s in self.sources))
         except (re.error, RecursionError, OverflowError) as exc:
             raise self.error(f"a 'from' pattern is not a regex: {exc}") from None
+        object.__setattr__(self, "matchers", tuple(
+            TimedPattern(r, what=f"rule {self.number}'s 'from' pattern") for r in self.regexes))
 
     def __str__(self) -> str:
-        return f"rule {self.number} ({self.kind} {list(self.sources)} -> {list(self.targets)})"
+        return (f"rule {self.number} ({self.kind} {shown(list(self.sources), 200)} -> "
+                f"{shown(list(self.targets), 200)})")
 
     def error(self, why: str) -> TorchgraftError:
         """An error naming this rule."""
         return TorchgraftError(f"{self}: {why}")
 
     def op(self, shapes: Sequence[tuple[int, ...]]) -> ops.TensorOp:
-        """The operation for inputs of these shapes (``n_heads`` gives the head size)."""
+        """The operation for inputs of these shapes (``n_heads`` gives the head size).
+
+        Without shapes (the rule's fields checked as it is read), a head size of 2 stands in.
+        """
         params = dict(self.params)
         heads = params.pop("n_heads", None)
         if heads is not None:
             rows = shapes[0][0] if shapes and shapes[0] else 0
             if heads < 1 or rows % heads:
                 raise self.error(f"{rows} rows are not {heads} heads")
-            params["head_dim"] = rows // heads
+            params["head_dim"] = rows // heads if shapes else 2
         return _KINDS[self.kind](**params)  # type: ignore[no-any-return]
 
 
@@ -136,7 +147,7 @@ def _field_value(name: str, value: Any, kind: str, origin: str) -> Any:
                       "int")
     what, check = _FIELD_CHECKS[annotation]
     if not check(value):
-        raise TorchgraftError(f"{origin}: {kind}'s {name} must be {what}, not {value!r:.40}")
+        raise TorchgraftError(f"{origin}: {kind}'s {name} must be {what}, not {shown(value, 40)}")
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -194,6 +205,8 @@ def op_rule(item: Mapping[str, Any], number: int) -> OpRule:
         rule.op([])  # the fields fit the operation (no shapes needed but for n_heads)
     except TypeError as exc:
         raise TorchgraftError(f"{origin}: the fields do not fit {kind}: {exc}") from None
+    except TorchgraftError as exc:
+        raise TorchgraftError(f"{origin}: {exc.message}") from None
     return rule
 
 
@@ -201,7 +214,7 @@ def _by_groups(rule: OpRule, k: int, names: Sequence[str]) -> dict[tuple[Any, ..
     """The keys pattern ``k`` matches, by their groups (which must tell them apart)."""
     found: dict[tuple[Any, ...], str] = {}
     for name in names:
-        match = rule.regexes[k].fullmatch(name)
+        match = rule.matchers[k].fullmatch(name)
         if match is None:
             continue
         if match.groups() in found:
@@ -214,7 +227,7 @@ def _by_groups(rule: OpRule, k: int, names: Sequence[str]) -> dict[tuple[Any, ..
 
 def _matches(rule: OpRule, names: Sequence[str]) -> list[tuple[re.Match[str], tuple[str, ...]]]:
     """Each application: the first pattern's match and one key per pattern, same groups."""
-    firsts = [(m, name) for name in names if (m := rule.regexes[0].fullmatch(name))]
+    firsts = [(m, name) for name in names if (m := rule.matchers[0].fullmatch(name))]
     if not firsts:
         raise rule.error(f"'{rule.sources[0]}' matches no checkpoint key (patterns match whole "
                          "keys); fix the pattern or remove the rule")

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from ...errors import TorchgraftError
+from ...bounds import MAX_NDIM
+from ...errors import TorchgraftError, shown
 from ...meta import TensorMeta, TensorRef
 
 __all__ = ["KINDS", "Chain", "Concatenate", "Deinterleave", "Interleave", "Offset", "Permute",
@@ -85,6 +86,22 @@ def _same_rank(op: TensorOp, shapes: Sequence[Shape], dim: int) -> int:
     return axis
 
 
+def _positive(op: TensorOp, field: str, values: Sequence[object], *, zero: bool = False,
+              many: bool = True) -> None:
+    """Refuse, as the operation is made, sizes that are not whole numbers from 1 (or 0).
+
+    A rules file's ``reshape`` to ``[-1, -4]`` has the size of ``[4]`` (products alone would
+    accept it) and ``split`` into parts of ``[-2, 6]`` adds up to 4: sizes are checked one
+    by one, before any tensor is.
+    """
+    least = 0 if zero else 1
+    if (many and not values) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in values):
+        kind = next((k for k, cls in KINDS.items() if cls is type(op)), type(op).__name__)
+        raise TorchgraftError(f"{kind}: {field} must be whole numbers from {least}, not "
+                              f"{shown(list(values), 60)}")
+
+
 @dataclass(frozen=True)
 class Concatenate:
     """Parts joined along ``dim`` (``torch.cat``); inverse: :class:`Split` with their sizes."""
@@ -123,6 +140,14 @@ class Split:
     sizes: tuple[int, ...] = ()
     count: int = 0
 
+    def __post_init__(self) -> None:
+        if self.sizes and self.count:
+            raise TorchgraftError("split: give sizes or count, not both")
+        if self.sizes:
+            _positive(self, "sizes", self.sizes)
+        else:
+            _positive(self, "count", [self.count])
+
     def _sizes(self, shape: Shape, shapes: Sequence[Shape]) -> tuple[int, ...]:
         axis = _axis(self.dim, len(shape), self, shapes)
         if self.sizes:
@@ -130,7 +155,7 @@ class Split:
                 raise _misfit(self, shapes, f"sizes {list(self.sizes)} do not add up to "
                                             f"{shape[axis]}")
             return self.sizes
-        if self.count < 1 or shape[axis] % self.count:
+        if self.count < 1 or self.count > shape[axis] or shape[axis] % self.count:
             raise _misfit(self, shapes, f"{shape[axis]} does not split into {self.count} "
                                         "equal parts")
         return (shape[axis] // self.count,) * self.count
@@ -188,6 +213,9 @@ class Interleave:
 
     sizes: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        _positive(self, "sizes", self.sizes)
+
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The parts interleaved."""
         groups = _groups(self, [tuple(t.shape) for t in tensors], self.sizes)
@@ -220,6 +248,9 @@ class Deinterleave:
     """The parts of a tensor stored group by group (see :class:`Interleave`)."""
 
     sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _positive(self, "sizes", self.sizes)
 
     def _count(self, shape: Shape, shapes: Sequence[Shape]) -> int:
         width = sum(self.sizes)
@@ -337,6 +368,11 @@ class RotaryRows:
     to_halves: bool
     rows: int | None = None
 
+    def __post_init__(self) -> None:
+        _positive(self, "head_dim", [self.head_dim])  # even: checked with the shapes
+        if self.rows is not None:
+            _positive(self, "rows", [self.rows])
+
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The rows in the other order."""
         tensor = tensors[0]
@@ -438,9 +474,18 @@ class Unstack:
 
 @dataclass(frozen=True)
 class Reshape:
-    """A tensor given another shape of the same size (a 1x1 convolution as a Linear)."""
+    """A tensor given another shape of the same size (a 1x1 convolution as a Linear).
+
+    Every size is a dimension: from 0 (an empty tensor's), never negative (no ``-1`` to infer).
+    """
 
     shape: Shape
+
+    def __post_init__(self) -> None:
+        _positive(self, "shape", self.shape, zero=True, many=False)
+        if len(self.shape) > MAX_NDIM:
+            raise TorchgraftError(f"reshape: a shape of {len(self.shape)} dimensions is no "
+                                  f"tensor's (at most {MAX_NDIM})")
 
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The tensor reshaped."""
@@ -476,6 +521,9 @@ class Reverse:
     dim: int = 0
     parts: int = 2
 
+    def __post_init__(self) -> None:
+        _positive(self, "parts", [self.parts])
+
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The tensor with its parts reversed."""
         self.shapes([tuple(tensors[0].shape)])
@@ -510,6 +558,13 @@ class Offset:
     """A constant added (a norm stored as ``gamma - 1`` read with ``delta=1``)."""
 
     delta: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or \
+                not math.isfinite(self.delta):
+            raise TorchgraftError(f"offset: delta must be a finite number, not "
+                                  f"{shown(self.delta, 40)} (NaN or infinity would overwrite "
+                                  "every value)")
 
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The tensor plus ``delta``."""
@@ -607,6 +662,9 @@ class WeightNormSplit:
 
     dim: int = 0
     magnitude: Shape = ()
+
+    def __post_init__(self) -> None:
+        _positive(self, "magnitude", self.magnitude, many=False)
 
     def apply(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The magnitude (its norm computed in at least float32) and the direction."""

@@ -6,18 +6,29 @@ rows...): see :mod:`~torchgraft.graft.layouts.op_rules`.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import MissingDependencyError, TorchgraftError
+from ...bounds import parse_json, parse_yaml
+from ...errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    TorchgraftError,
+    UnsupportedCheckpointError,
+    shown,
+)
+from ...io.contain import read_contained
 from ...renames import Rule
 from .op_rules import OpRule, op_rule
 
-__all__ = ["Rules", "RulesSpec", "parse_rules", "read_rules"]
+__all__ = ["MAX_RULES_BYTES", "Rules", "RulesSpec", "parse_rules", "read_rules"]
+
+#: A rules file larger than this is not one (a thousand rules are some 100 KB).
+MAX_RULES_BYTES = 4 << 20
 
 
 RulesSpec = (Sequence[tuple[str, str | None] | Sequence[Any] | Mapping[str, Any] | Rule | OpRule]
@@ -37,54 +48,54 @@ class Rules:
     ops: tuple[OpRule, ...] = ()
 
 
-def _one(item: Any, number: int, origin: str) -> Rule | OpRule:
-    """One rule from its declarative form."""
-    if isinstance(item, (Rule, OpRule)):
-        return item
+def _one(item: Any, number: int) -> Rule | OpRule:
+    """One rule from its declarative form, its matching timed (a budget of its own)."""
+    if isinstance(item, Rule):
+        return item.timed()
+    if isinstance(item, OpRule):
+        return dataclasses.replace(item)
     if isinstance(item, Mapping):
         return op_rule(item, number)
     if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
             or not (item[1] is None or isinstance(item[1], str))):
-        raise TorchgraftError(f"{origin}: rule {number} {item!r:.80} is not a [pattern, "
+        raise TorchgraftError(f"rule {number} {shown(item, 80)} is not a [pattern, "
                               "replacement] pair (replacement: a string, or null to drop the "
                               "key) nor an operation ({\"op\": ..., \"from\": ..., \"to\": ...})")
-    return Rule(item[0], item[1])
+    return Rule(item[0], item[1]).timed()
 
 
-def _pairs(data: Any, origin: str) -> Iterable[Rule | OpRule]:
+def _pairs(data: Any) -> Iterable[Rule | OpRule]:
     if isinstance(data, Mapping):
         data = data.get("rules", data) if "rules" in data else list(data.items())
     if not isinstance(data, (list, tuple)):
-        raise TorchgraftError(f"{origin}: rules must be a list of [pattern, replacement] pairs "
+        raise TorchgraftError("rules must be a list of [pattern, replacement] pairs "
                               "and operations, or a mapping of pattern to replacement")
     for number, item in enumerate(data, start=1):
-        yield _one(item, number, origin)
+        yield _one(item, number)
 
 
 def _read_file(path: Path) -> Any:
-    if not path.is_file():
-        raise TorchgraftError("rules file not found", path=path)
+    """A rules file's data, its nesting and (YAML) its aliases bounded before it is built.
+
+    The file is read as a regular file of at most :data:`MAX_RULES_BYTES` (a FIFO is refused
+    before it is opened), links followed (the user named it), and parsed as UTF-8 JSON or YAML.
+    """
+    what = "the rules file"
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TorchgraftError(f"the rules file is not UTF-8 text ({exc.reason} at byte "
-                              f"{exc.start}): save it as UTF-8", path=path) from None
-    if path.suffix.lower() in (".yaml", ".yml"):
+        data = read_contained(path.parent, path.name, named_by=path, what=what,
+                              limit=MAX_RULES_BYTES, follow_links=True)
         try:
-            import yaml
-        except ImportError:
-            raise MissingDependencyError("yaml", extra="yaml", feature="YAML rules files") from None
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise TorchgraftError(f"the rules file is not valid YAML: {exc}", path=path) from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise TorchgraftError(f"the rules file is not valid JSON: {exc}", path=path) from None
-    except RecursionError:
-        raise TorchgraftError("the rules file nests too deeply to be a list of rules",
-                              path=path) from None
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TorchgraftError(f"the rules file is not UTF-8 text ({exc.reason} at byte "
+                                  f"{exc.start}): save it as UTF-8", path=path) from None
+        if path.suffix.lower() in (".yaml", ".yml"):
+            return parse_yaml(text, what=what, path=path)
+        return parse_json(text, what=what, path=path)
+    except CheckpointNotFoundError:
+        raise TorchgraftError("rules file not found", path=path) from None
+    except (CorruptCheckpointError, UnsupportedCheckpointError) as exc:  # not a checkpoint's
+        raise TorchgraftError(exc.message, path=path) from None
 
 
 def read_rules(spec: RulesSpec) -> Rules:
@@ -106,9 +117,12 @@ def read_rules(spec: RulesSpec) -> Rules:
         return Rules()
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
-        rules = list(_pairs(_read_file(path), str(path)))
+        try:
+            rules = list(_pairs(_read_file(path)))
+        except TorchgraftError as exc:  # a rule's message names the rule: and the file
+            raise exc.located(path) from None
     else:
-        rules = list(_pairs(spec, "rules"))
+        rules = list(_pairs(spec))
     return Rules(tuple(r for r in rules if isinstance(r, Rule)),
                  tuple(r for r in rules if isinstance(r, OpRule)))
 

@@ -1,4 +1,4 @@
-"""The graft report as one self-contained HTML page: both module trees, side by side.
+r"""The graft report as one self-contained HTML page: both module trees, side by side.
 
 Every target tensor is coloured by how it was filled (exact, wrapper, rule, layout, structure,
 adapted, re-initialised, tied, missing) and linked to the source tensor that filled it; every
@@ -7,14 +7,26 @@ evidence for its match (name, structure, guess, verified) and, for anything not 
 loaded, the reason, in the page (not only on hover). The header gives the verdict and whether
 outputs were compared. A search box filters keys (``?q=text`` in the address fills it),
 checkboxes filter by kind. No network: styles and the few lines of script are inline.
+
+Everything the page shows from a checkpoint or a model (key names, shapes, reasons, messages)
+is text: HTML-escaped, its control and direction characters written out (``\x1b``, ``\u202e``),
+so a key can neither add markup nor pass for another. A Content-Security-Policy allows the
+page's own style and script only (by their SHA-256), nothing else: no other script, no style
+attribute, no request. The module trees are built and rendered without recursion, at most
+:data:`MAX_DEPTH` modules deep (a key of 3,000 dotted parts keeps its deeper parts in one
+header).
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import html
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
+
+from ...text import one_line
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +34,10 @@ if TYPE_CHECKING:
     from ..tensors import TensorInfo
     from .report import GraftReport
 
-__all__ = ["KINDS", "describe", "render_html"]
+__all__ = ["KINDS", "MAX_DEPTH", "describe", "render_html"]
+
+#: The most module levels the page's trees show: deeper parts of a key stay in one header.
+MAX_DEPTH = 32
 
 #: Kinds of keys, in the order the filters list them, with their colours.
 KINDS: dict[str, str] = {
@@ -116,46 +131,81 @@ def _target_note(report: GraftReport, key: str) -> str:
     return report.reasons.get(key, "")
 
 
+def _text(text: str) -> str:
+    """Text from a file as the page shows it: escaped, control characters written out."""
+    return html.escape(one_line(text))
+
+
+def _modules(key: str) -> list[str]:
+    """The modules a key's tree shows it under: at most :data:`MAX_DEPTH` levels."""
+    *path, _leaf = key.split(".")
+    if len(path) > MAX_DEPTH:
+        path[MAX_DEPTH - 1:] = [".".join(path[MAX_DEPTH - 1:])]
+    return path
+
+
 def _tree(keys: Iterable[str]) -> dict[str, Any]:
+    """Keys as nested modules: ``{"layer1.": {"conv.": {"layer1.conv.weight": None}}}``."""
     root: dict[str, Any] = {}
     for key in keys:
         node = root
-        *path, _leaf = key.split(".")
-        for part in path:
+        for part in _modules(key):
             node = node.setdefault(part + ".", {})
         node[key] = None
     return root
 
 
-def _render_tree(node: dict[str, Any], row: Any, out: list[str]) -> int:
-    count = 0
-    for name, child in node.items():
-        if child is None:
-            out.append(row(name))
-            count += 1
-            continue
-        inner: list[str] = []
-        n = _render_tree(child, row, inner)
-        out.append(f"<details open><summary>{html.escape(name.rstrip('.'))} "
-                   f"<span class=n>{n}</span></summary>{''.join(inner)}</details>")
-        count += n
-    return count
+def _render_tree(root: dict[str, Any], row: Callable[[str], str], out: list[str]) -> int:
+    """Render the tree into ``out``, a module's header counting its tensors; no recursion.
+
+    Returns:
+        How many tensors the tree holds.
+    """
+    # Each open module: its items left to render, its name, what it rendered, its count.
+    stack: list[tuple[Any, str, list[str], list[int]]] = [(iter(root.items()), "", out, [0])]
+    while stack:
+        items, name, parts, count = stack[-1]
+        for child_name, child in items:
+            if child is not None:
+                stack.append((iter(child.items()), child_name, [], [0]))
+                break
+            parts.append(row(child_name))
+            count[0] += 1
+        else:
+            stack.pop()
+            if stack:
+                _, _, outer, outer_count = stack[-1]
+                outer.append(f"<details open><summary>{_text(name.removesuffix('.'))} "
+                             f"<span class=n>{count[0]}</span></summary>{''.join(parts)}"
+                             "</details>")
+                outer_count[0] += count[0]
+    return count[0]
 
 
 def _row(key: str, anchor: str, kind: str, *, shape: str | None, links: str, evidence: str,
          why: str) -> str:
     """One tensor: its leaf name, shape and dtype, links, evidence, and the reason if any."""
-    parts = [f"<b>{html.escape(key.rpartition('.')[2])}</b>"]
+    parts = [f"<b>{_text(key.rpartition('.')[2])}</b>"]
     if shape:
-        parts.append(f"<span class=m>{html.escape(shape)}</span>")
+        parts.append(f"<span class=m>{_text(shape)}</span>")
     if evidence:
-        parts.append(f"<span class=e>{html.escape(evidence)}</span>")
+        parts.append(f"<span class=e>{_text(evidence)}</span>")
     parts.append(links)
     if why and kind in _EXPLAINED:
-        parts.append(f"<div class=why>{html.escape(why)}</div>")
+        parts.append(f"<div class=why>{_text(why)}</div>")
     hover = f"{key} | evidence: {evidence}" if evidence else key
+    kind = html.escape(kind)
     return (f'<div class="t kind-{kind}" id="{anchor}" data-kind="{kind}" '
-            f'data-key="{html.escape(key)}" title="{html.escape(hover)}">{"".join(parts)}</div>')
+            f'data-key="{_text(key)}" title="{_text(hover)}">{"".join(parts)}</div>')
+
+
+def _policy(style: str, script: str) -> str:
+    """A Content-Security-Policy allowing this style and this script only, by their hashes."""
+    def digest(text: str) -> str:
+        return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+    return (f"default-src 'none'; style-src 'sha256-{digest(style)}'; "
+            f"script-src 'sha256-{digest(script)}'; base-uri 'none'; form-action 'none'")
 
 
 def _compared(report: GraftReport) -> str:
@@ -196,7 +246,7 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
         link = ""
         if key in report.mapping and report.mapping[key] in source_id:
             link = (f'<a href="#{source_id[report.mapping[key]]}">&larr; '
-                    f"{html.escape(report.mapping[key])}</a>")
+                    f"{_text(report.mapping[key])}</a>")
         evidence = report.evidence.get(key)
         return _row(key, target_id[key], kind, shape=report.shapes.get(key), links=link,
                     evidence=evidence.value if evidence is not None else "",
@@ -207,7 +257,7 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
         kind = _target_kind(report, users[0]) if users else "unused"
         if not users:
             kinds["unused"] += 1
-        links = "".join(f'<a href="#{target_id[u]}">&rarr; {html.escape(u)}</a>' for u in users
+        links = "".join(f'<a href="#{target_id[u]}">&rarr; {_text(u)}</a>' for u in users
                         if u in target_id)
         why = "" if users else "not used: " + report.reasons.get(key, "nothing in the model "
                                                                        "takes it")
@@ -220,22 +270,24 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
     _render_tree(_tree(sources), source_row, source_html)
     counts = report.headline().partition(": ")[2]
     verdict = (f'<span class="{"ok" if report.ok else "bad"}">'
-               f'{html.escape(report.headline().partition(": ")[0])}</span>')
+               f'{_text(report.headline().partition(": ")[0])}</span>')
     notes = [*(f"assumed: {a.describe()}" for a in report.assumptions),
              *([report.settle()] if report.settle() else []), *report.warnings]
     filters = "<input type=search id=search placeholder='search keys' aria-label='search keys'>"
     filters += "".join(
-        f'<label><input type=checkbox checked value="{kind}"><span class=swatch '
-        f'style="background:{colour}"></span>{kind} ({kinds.get(kind, 0)})</label>'
-        for kind, colour in KINDS.items() if kinds.get(kind))
-    colours = "".join(f".kind-{k}{{border-color:{c};color:{c}}}.hide-{k} .kind-{k}"
-                      f"{{display:none}}" for k, c in KINDS.items())
+        f'<label><input type=checkbox checked value="{kind}"><span class="swatch '
+        f'swatch-{kind}"></span>{kind} ({kinds.get(kind, 0)})</label>'
+        for kind in KINDS if kinds.get(kind))
+    style = _STYLE + "".join(f".kind-{k}{{border-color:{c};color:{c}}}.hide-{k} .kind-{k}"
+                             f"{{display:none}}.swatch-{k}{{background:{c}}}"
+                             for k, c in KINDS.items())
     return (
         f"<!doctype html><html lang=en><head><meta charset=utf-8>"
-        f"<title>{html.escape(title)}</title><style>{_STYLE}{colours}</style></head><body>"
-        f"<header><h1>{verdict}: {html.escape(counts)}</h1>"
-        f"<p class=compared id=compared>{html.escape(_compared(report))}</p>"
-        + (f"<ul class=notes>{''.join(f'<li>{html.escape(n)}</li>' for n in notes)}</ul>"
+        f'<meta http-equiv="Content-Security-Policy" content="{_policy(style, _SCRIPT)}">'
+        f"<title>{_text(title)}</title><style>{style}</style></head><body>"
+        f"<header><h1>{verdict}: {_text(counts)}</h1>"
+        f"<p class=compared id=compared>{_text(_compared(report))}</p>"
+        + (f"<ul class=notes>{''.join(f'<li>{_text(n)}</li>' for n in notes)}</ul>"
            if notes else "")
         + f"</header><nav id=filters>{filters}</nav><main>"
         f"<section id=target><h2>model: {len(targets)} tensors</h2>{''.join(target_html)}"

@@ -1,4 +1,4 @@
-"""Text from files made safe for a terminal: one line, no control characters."""
+"""Text from files made safe to show: one line, no control characters, shortened readably."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ def one_line(text: str) -> str:
     Returns:
         The text, ``\n`` and ``\x1b`` written out.
     """
+    if text.isprintable():  # nearly always: checked at C speed
+        return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
