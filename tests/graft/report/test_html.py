@@ -18,7 +18,7 @@ from torch import nn
 import torchgraft as tg
 from tests.cli.test_report_output import _browser
 from tests.helpers import assert_scales_linearly, cpu_seconds
-from torchgraft.graft.report.html import MAX_DEPTH
+from torchgraft.graft.report.html import MAX_DEPTH, render_html
 
 DEEP = ".".join(["part"] * 3000) + ".weight"  # a key of 3,000 dotted parts
 HOSTILE = {
@@ -161,3 +161,20 @@ def test_in_a_browser_only_the_pages_own_script_runs(tmp_path: Path) -> None:
     assert len(visible) == 1 and "script" in visible[0]  # its own script ran, and filtered
     assert "<title>torchgraft graft report</title>" in shown
     assert "<title>torchgraft graft report</title>" in dom(forged)  # neither forged one ran
+
+
+def test_a_buffer_kept_as_the_model_computed_it_is_shown_as_initialised() -> None:
+    """Never shown as loaded by exact name: the page says the model's code computed it."""
+
+    class Scaled(nn.Module):
+        def __init__(self, *, keep: bool) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+            self.register_buffer("freq", torch.ones(2), persistent=keep)
+
+    report = tg.graft(Scaled(keep=False), Scaled(keep=True))
+    assert "freq" in report.initialised
+    page = _Page()
+    page.feed(render_html(report))
+    kinds = [attrs.get("data-kind") for tag, attrs in page.tags if attrs.get("data-kind")]
+    assert "initialised" in kinds and "computed by the model's code" in "".join(page.text)
