@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
 import time
@@ -55,6 +56,16 @@ def assert_same_state(actual: Mapping[str, torch.Tensor],
         assert sorted(actual) == sorted(expected)
     for name, tensor in expected.items():
         assert_same_tensor(actual[name], tensor, name)
+
+
+def data_parallel_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``nn.DataParallel(model).state_dict()`` on the CPU, ``model`` left where it is.
+
+    On a machine with a GPU, ``nn.DataParallel`` moves the module it wraps to ``cuda:0``: it
+    wraps a copy here, and the state dict's tensors come back to the CPU.
+    """
+    state = nn.DataParallel(copy.deepcopy(model)).state_dict()
+    return {key: tensor.cpu() for key, tensor in state.items()}
 
 
 def save_on(device: str, obj: object, path: Path, **kwargs: object) -> None:

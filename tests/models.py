@@ -103,7 +103,7 @@ class NanoGPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1])
+        pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
@@ -211,9 +211,10 @@ class MetaLlama(nn.Module):
         self.head_dim, self.theta = dim // n_heads, theta
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        t = tokens.shape[1]
-        freqs = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
-        angles = torch.outer(torch.arange(t).float(), freqs)
+        t, dev = tokens.shape[1], tokens.device
+        freqs = 1.0 / self.theta ** (torch.arange(0, self.head_dim, 2, device=dev).float()
+                                     / self.head_dim)
+        angles = torch.outer(torch.arange(t, device=dev).float(), freqs)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, angles.cos(), angles.sin())
@@ -311,7 +312,7 @@ class RenamedBert(nn.Module):
         self.pool = nn.Linear(dim, dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1])
+        pos = torch.arange(ids.shape[1], device=ids.device)
         x = self.embed_norm(self.tokens(ids) + self.positions(pos)
                             + self.segments(torch.zeros_like(ids)))
         for block in self.blocks:

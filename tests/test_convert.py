@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 import torchgraft as tg
 from tests.dcp_writer import expected
-from tests.helpers import SmallNet, assert_same_state
+from tests.helpers import SmallNet, assert_same_state, data_parallel_state
 from torchgraft.bounds import MAX_RANKS
 
 
@@ -67,7 +67,7 @@ def test_refuses_to_overwrite(tmp_path: Path, state: dict) -> None:
 def test_wrappers_are_removed_unless_kept(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(2, 3))
     wrapped = tmp_path / "dp.pt"
-    torch.save(torch.nn.DataParallel(model).state_dict(), wrapped)
+    torch.save(data_parallel_state(model), wrapped)
     report = tg.convert(wrapped, tmp_path / "bare.safetensors")
     assert report.wrappers_removed == "module." and not report.renamed
     assert "'module.' removed from every key" in str(report)

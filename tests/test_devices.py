@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import torchgraft as tg
-from tests.helpers import SmallNet, assert_same_state, save_on
+from tests.helpers import SmallNet, assert_same_state, data_parallel_state, save_on
 
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_saved_on_cuda1_loads_on_this_machine(tmp_path: Path, model: SmallNet,
                                               legacy: bool) -> None:
-    state = nn.DataParallel(model).state_dict()
+    state = data_parallel_state(model)
     path = tmp_path / "dp.pth"
     save_on("cuda:1", state, path, _use_new_zipfile_serialization=not legacy)
     if not torch.cuda.is_available():

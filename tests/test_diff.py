@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchgraft as tg
-from tests.helpers import SmallNet
+from tests.helpers import SmallNet, data_parallel_state
 
 
 def test_diff_kinds(tmp_path: Path, model: SmallNet) -> None:
@@ -39,7 +39,7 @@ def test_nan_equals_nan() -> None:
 
 def test_diff_compares_names_without_wrappers(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 3)
-    torch.save(torch.nn.DataParallel(model).state_dict(), tmp_path / "dp.pt")
+    torch.save(data_parallel_state(model), tmp_path / "dp.pt")
     torch.save(model.state_dict(), tmp_path / "bare.pt")
     report = tg.diff(tmp_path / "dp.pt", tmp_path / "bare.pt")
     assert report.identical and report.wrappers == {"a": "module.", "b": ""}

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 
 import torchgraft as tg
-from tests.helpers import SmallNet, save_on
+from tests.helpers import SmallNet, data_parallel_state, save_on
 
 
 def _bytes_read() -> int:
@@ -23,7 +22,7 @@ def _bytes_read() -> int:
 
 def test_summary(tmp_path: Path, model: SmallNet) -> None:
     path = tmp_path / "ckpt.pth"
-    save_on("cuda:1", {"epoch": 5, "state_dict": nn.DataParallel(model).state_dict()}, path)
+    save_on("cuda:1", {"epoch": 5, "state_dict": data_parallel_state(model)}, path)
     info = tg.inspect(path)
     n_params = sum(t.numel() for t in model.state_dict().values())
     assert info.format == "torch-zip"

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
-from tests.helpers import SmallNet
+from tests.helpers import SmallNet, data_parallel_state
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -65,7 +65,7 @@ def test_cli_export_grafts_then_exports(tmp_path: Path) -> None:
     from tests.helpers import small_net
 
     trained = small_net(seed=3)
-    torch.save({"state_dict": nn.DataParallel(trained).state_dict()}, tmp_path / "ckpt.pth")
+    torch.save({"state_dict": data_parallel_state(trained)}, tmp_path / "ckpt.pth")
     out = tmp_path / "net.onnx"
     result = subprocess.run([sys.executable, "-m", "torchgraft", "export",
                              "tests.helpers:SmallNet", "--checkpoint", str(tmp_path / "ckpt.pth"),

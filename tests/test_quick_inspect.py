@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import torchgraft as tg
-from tests.helpers import save_on
+from tests.helpers import data_parallel_state, save_on
 from torchgraft.cli.main import main
 from torchgraft.quick_inspect import quick_inspect
 
@@ -52,7 +52,7 @@ def files(tmp_path: Path) -> list[Path]:
                                                  p, metadata={"format": "pt", "step": "7"}),
         "plain.pt": lambda p: torch.save(state, p),
         "dataparallel_cuda1.pth": lambda p: save_on(
-            "cuda:1", nn.DataParallel(_model()).state_dict(), p),
+            "cuda:1", data_parallel_state(_model()), p),
         "half.bin": lambda p: torch.save({k: v.half() for k, v in state.items()
                                           if v.is_floating_point()}, p),
         "strided.pt": lambda p: torch.save({"t": torch.arange(12.0).reshape(3, 4).t()}, p),

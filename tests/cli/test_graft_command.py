@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.helpers import save_on
+from tests.helpers import data_parallel_state, save_on
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -35,7 +35,7 @@ def setup(tmp_path: Path) -> tuple[Path, Path, dict[str, torch.Tensor]]:
     trained.conv = nn.Conv2d(3, 8, 3)
     trained.fc = nn.Linear(8, 10)
     ckpt = tmp_path / "ckpt.pth"
-    save_on("cuda:1", {"epoch": 2, "state_dict": nn.DataParallel(trained).state_dict()}, ckpt)
+    save_on("cuda:1", {"epoch": 2, "state_dict": data_parallel_state(trained)}, ckpt)
     return models, ckpt, trained.state_dict()
 
 

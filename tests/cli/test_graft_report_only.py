@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import data_parallel_state
+
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 MODELS = '''
@@ -36,7 +38,7 @@ def folder(tmp_path: Path) -> Path:
     trained = nn.Sequential()
     trained.conv = nn.Conv2d(3, 8, 3)
     trained.fc = nn.Linear(8, 10)
-    torch.save(nn.DataParallel(trained).state_dict(), tmp_path / "ckpt.pth")
+    torch.save(data_parallel_state(trained), tmp_path / "ckpt.pth")
     return tmp_path
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from tests.cli.conftest import CONSOLE_SCRIPT
-from tests.helpers import Payload, SmallNet, save_on
+from tests.helpers import Payload, SmallNet, data_parallel_state, save_on
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -21,7 +21,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture
 def dp_file(tmp_path: Path, model: SmallNet) -> Path:
     path = tmp_path / "dp.pth"
-    save_on("cuda:1", {"epoch": 4, "state_dict": nn.DataParallel(model).state_dict()}, path)
+    save_on("cuda:1", {"epoch": 4, "state_dict": data_parallel_state(model)}, path)
     return path
 
 

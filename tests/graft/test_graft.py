@@ -10,14 +10,14 @@ import torch
 from torch import nn
 
 import torchgraft as tg
-from tests.helpers import SmallNet, assert_same_state, save_on, small_net
+from tests.helpers import SmallNet, assert_same_state, data_parallel_state, save_on, small_net
 from tests.models import ResNet18, pretrained_resnet18
 
 
 def test_dataparallel_checkpoint_saved_on_cuda1_into_bare_model(tmp_path: Path) -> None:
     trained = small_net(1).eval()
     path = tmp_path / "dp.pth"
-    save_on("cuda:1", {"epoch": 3, "state_dict": nn.DataParallel(trained).state_dict()}, path)
+    save_on("cuda:1", {"epoch": 3, "state_dict": data_parallel_state(trained)}, path)
     model = SmallNet().eval()
     report = tg.graft(path, model)
     assert report.ok and not report.unused

@@ -85,9 +85,10 @@ class GptFastLlama(nn.Module):
         self.head_dim, self.base = dim // n_head, base
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        freqs = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
-        angles = torch.outer(torch.arange(t).float(), freqs)
+        t, dev = idx.shape[1], idx.device
+        freqs = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, device=dev).float()
+                                    / self.head_dim)
+        angles = torch.outer(torch.arange(t, device=dev).float(), freqs)
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x, angles.cos(), angles.sin())
@@ -151,9 +152,10 @@ class NeoXGPT(nn.Module):
         self.rotary_dims, self.base = int(dim // n_head * rotary_pct), base
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        inv = 1.0 / self.base ** (torch.arange(0, self.rotary_dims, 2).float() / self.rotary_dims)
-        angles = torch.outer(torch.arange(t).float(), inv)
+        t, dev = idx.shape[1], idx.device
+        inv = 1.0 / self.base ** (torch.arange(0, self.rotary_dims, 2, device=dev).float()
+                                  / self.rotary_dims)
+        angles = torch.outer(torch.arange(t, device=dev).float(), inv)
         angles = torch.cat([angles, angles], dim=-1)
         x = self.wte(idx)
         for block in self.blocks:
