@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 
 pytest.importorskip("transformers")
 
-from tests.graft.pairs.codebases import hf_llama, randomise
+from tests.graft.pairs.codebases import hf_llama
+from tests.graft.pairs.values import randomise
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from tests.graft.layouts.test_op_rules import TO_FAST
 from tests.graft.pairs import references as ref
-from tests.graft.pairs.codebases import ARCHS, randomise
+from tests.graft.pairs.codebases import ARCHS
+from tests.graft.pairs.values import randomise
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 FACTORY = "tests/graft/pairs/codebases.py:gpt_fast_llama"

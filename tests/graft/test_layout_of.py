@@ -17,8 +17,9 @@ from torch import nn
 
 import torchgraft as tg
 from tests.graft.layouts.test_op_rules import TO_FAST
-from tests.graft.pairs.codebases import ARCHS, DIM, LAYERS, VOCAB, randomise
+from tests.graft.pairs.codebases import ARCHS, DIM, LAYERS, VOCAB
 from tests.graft.pairs.pairs import outputs_equal, run
+from tests.graft.pairs.values import randomise
 from tests.models import NanoGPT
 
 GPT2, NANO = ARCHS["transformers GPT-2"], ARCHS["nanoGPT"]

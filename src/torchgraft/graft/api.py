@@ -29,6 +29,7 @@ from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
 from .check.source_model import SourceModelLike, source_norms, transformers_renames
 from .fill.dtensor import sharded_targets
+from .fill.initialise import computed_alike
 from .fill.new_parts import check_new, declare_new
 from .fill.quantized import graft_quantized
 from .fill.target import Filled, Filling, fill_model
@@ -36,6 +37,7 @@ from .layouts.norms import NormOffsets, norm_offsets
 from .layouts.rules import RulesSpec, read_rules
 from .plan.adapt import Init, LabelMap, reversible
 from .plan.build import Planned, PlanOptions, plan_graft
+from .plan.passes import computed_assumption
 from .plan.steps import Match, Plan
 from .report.adapter_scope import scope_to_adapter
 from .report.report import GraftError, GraftReport
@@ -290,7 +292,26 @@ def _graft_into(opened: GraftSource, source: Any, target: nn.Module, walked: Wal
                         Filling(tensors, into.device, into.progress, sharded, assign))
     report = _report(planned.plan, side, planned.source, scope)
     _record_fill(report, filled, tensors)
+    _keep_computed(report, planned.plan, target, tensors)
     return planned, report
+
+
+def _keep_computed(report: GraftReport, plan: Plan, target: nn.Module,
+                   tensors: ModelTensors) -> None:
+    """Keep the model's values the checkpoint lacks where its code computes them alike.
+
+    Keys no checkpoint tensor could fill, computed alike under any seed, keep the model's
+    value (an assumption until outputs are compared), no longer missing.
+    """
+    missing = set(report.missing)
+    kept = computed_alike(target, tensors, [k for k in plan.unmatched if k in missing])
+    if not kept:
+        return
+    report.missing = [k for k in report.missing if k not in kept]
+    for key, how in kept.items():
+        report.reasons.pop(key, None)
+        report.initialised[key] = f"{how}, alike under any seed"
+    report.assumptions.append(computed_assumption(list(kept)))
 
 
 def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> None:

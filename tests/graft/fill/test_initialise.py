@@ -187,3 +187,35 @@ def test_a_key_the_checkpoint_lacks_is_computed_and_still_missing(tmp_path: Path
     assert "computed by the model's code (LayerNorm.reset_parameters)" in report.reasons[
         "1.weight"]
     assert torch.equal(model[1].weight, torch.ones(4)) and model(X).isfinite().all()
+
+
+class _Positions(nn.Module):
+    """A projection with a position table its code computes (sinusoids), frozen or trained."""
+
+    def __init__(self, *, trained: bool) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.table = nn.Parameter(torch.empty(6, 4), requires_grad=trained)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            angles = torch.arange(6.0)[:, None] / 10_000 ** (torch.arange(4.0) / 4)
+            self.table.copy_(torch.sin(angles))
+
+
+def test_a_frozen_table_the_code_computes_alike_is_kept_as_an_assumption(
+        tmp_path: Path) -> None:
+    torch.save({k: v for k, v in _Positions(trained=False).state_dict().items()
+                if k != "table"}, tmp_path / "no-table.pt")
+    report = tg.graft(tmp_path / "no-table.pt", _Positions(trained=False))
+    assert report.verdict is Verdict.UNVERIFIED and not report.missing
+    assert report.initialised["table"].endswith("alike under any seed")
+
+
+def test_a_trained_table_the_checkpoint_lacks_stays_missing(tmp_path: Path) -> None:
+    """The twin: a parameter the model trains is learned, whatever its first value."""
+    torch.save({k: v for k, v in _Positions(trained=True).state_dict().items()
+                if k != "table"}, tmp_path / "no-table.pt")
+    report = tg.graft(tmp_path / "no-table.pt", _Positions(trained=True))
+    assert report.verdict is Verdict.INCOMPLETE and report.missing == ["table"]

@@ -12,8 +12,9 @@ from safetensors.torch import save_file
 
 import torchgraft as tg
 from tests.graft.pairs import references as ref
-from tests.graft.pairs.codebases import ARCHS, HEADS, KV_HEADS, randomise
+from tests.graft.pairs.codebases import ARCHS, HEADS, KV_HEADS
 from tests.graft.pairs.pairs import outputs_equal, run
+from tests.graft.pairs.values import randomise
 
 HF, FAST = ARCHS["transformers Llama"], ARCHS["gpt-fast Llama"]
 Q, K, V = (rf"model\.layers\.(\d+)\.self_attn\.{p}_proj\.weight" for p in "qkv")

@@ -321,25 +321,3 @@ ARCHS = {arch.name: arch for arch in (
     Arch("gpt-fast Llama", "gpt-fast (hand-written)", gpt_fast_llama, _plain_tokens, _tokens),
     Arch("GPT-NeoX-style GPT", "hand-written GPT", neox_gpt, _plain_tokens, _tokens),
 )}
-
-
-def randomise(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random values everywhere, norms (and weight norms' magnitudes) away from 1 and 0, so that a
-    swap or a drop shows."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in model.state_dict(keep_vars=True).items():
-            if not tensor.is_floating_point() or tensor.numel() == 0:
-                continue
-            leaf = name.rpartition(".")[2]
-            norm = tensor.ndim == 1 and leaf in ("weight", "scale", "gamma")
-            # a weight norm's magnitude (old and new names): each output channel's norm
-            magnitude = leaf in ("weight_g", "original0")
-            if leaf in ("running_var", "logit_scale") or norm or magnitude:
-                tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
-            elif ("positional_embedding" in name and "encoder" in name) or leaf == "inv_freq":
-                continue  # computed constants (whisper's sinusoids, rotary frequencies)
-            else:
-                tensor.copy_(torch.randn(tensor.shape, generator=generator) * 0.1)
-    return model.eval()
-

@@ -16,11 +16,6 @@ sides: a table row that names more of them fails the suite, so no table makes a 
 from __future__ import annotations
 
 # The classes of failure, one line each.
-UNNUMBERED_BLOCKS = ("blocks named s1.b1 (no number alone) are not recognised as blocks in a "
-                     "sorted file: stem and block norms of one width are interchangeable")
-FROZEN_TABLE = ("transformers' Whisper keeps the encoder's sinusoidal positions as a frozen "
-                "parameter (embed_positions.weight), which MLX's file lacks (mlx-whisper "
-                "computes them): a parameter the checkpoint lacks is missing, never kept")
 
 #: A bare file of litgpt's or to litgpt's: its fused attention's rows are stored query group
 #: by group, transformers' apart; [Q; K; V] blocks and groups have the same shapes, and nothing
@@ -38,9 +33,6 @@ _FILES = ("pt", "safetensors", "pretrained")
 _BARE = ("pt", "safetensors")
 
 _FAILING: dict[str, dict[str, str]] = {
-    "transformers RegNetY -> timm RegNetY": {
-        "safetensors": UNNUMBERED_BLOCKS, "pretrained": UNNUMBERED_BLOCKS},
-    "mlx-whisper (MLX save_weights) -> transformers Whisper (32 wide)": {"mlx": FROZEN_TABLE},
 }
 
 NOT_YET: dict[tuple[str, str], str] = {

@@ -21,7 +21,8 @@ from torch import nn
 
 import torchgraft as tg
 from tests.graft.pairs import references as ref
-from tests.graft.pairs.codebases import ARCHS, TWIN_HEADS, Arch, Inputs, randomise
+from tests.graft.pairs.codebases import ARCHS, TWIN_HEADS, Arch, Inputs
+from tests.graft.pairs.values import randomise
 
 FLAVOURS = ("module", "pt", "safetensors", "pretrained")
 TWINS = ("deeper", "heads", "norms")

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import torchgraft as tg
-from tests.graft.pairs.codebases import hf_llama, randomise
+from tests.graft.pairs.codebases import hf_llama
 from tests.graft.pairs.pairs import PAIRS, Outcome, Pair, graft_case
+from tests.graft.pairs.values import randomise
 from tests.graft.plan.test_plan import side
 from torchgraft.graft import build_plan
 from torchgraft.graft.evidence import SIBLINGS, Evidence, Verdict

@@ -6,8 +6,10 @@ holds; a head the checkpoint lacks) would stay on meta, and the model could not 
 module holding such a tensor gets storage for it on the model's device, then the model's own
 code computes it, the first of these that does:
 
-1. transformers' ``_init_weights`` of the nearest ``PreTrainedModel`` holding the module (what
-   ``from_pretrained`` runs for what a checkpoint lacks: rotary frequencies included);
+1. transformers' ``_init_weights`` of the nearest ``PreTrainedModel`` holding the module, on
+   the module and then each ancestor up to it (what ``from_pretrained``'s ``apply`` runs for
+   what a checkpoint lacks: rotary frequencies; Whisper's encoder, which writes its
+   embedding's sinusoids);
 2. the module's own ``reset_parameters()``;
 3. the module rebuilt on the target device from its own attributes named as its
    constructor's arguments (``LlamaRotaryEmbedding(config=module.config)``), its parameters
@@ -39,8 +41,9 @@ __all__ = ["Initialised", "initialise_left"]
 
 logger = logging.getLogger("torchgraft")
 
-#: A way of computing a module's tensors: its label, and what runs it.
-_Method = tuple[str, Callable[[], None]]
+#: A way of computing a module's tensors: its label, what runs it, and the module whose tree
+#: it may write (its tensors stood in for while it runs).
+_Method = tuple[str, Callable[[], None], nn.Module]
 
 
 @dataclass
@@ -99,8 +102,8 @@ def initialise_left(model: nn.Module, tensors: ModelTensors, device: torch.devic
             continue
         left = [_allocate(module, key, name, tensors, device) for key, name in by_module[path]]
         tried: list[str] = []
-        for label, run in _methods(model, modules, path, module, device):
-            left = _attempt(module, left, label, run, tried, done)
+        for method in _methods(model, modules, path, module, device):
+            left = _attempt(module, left, method, tried, done)
             if not left:
                 break
         why = "; ".join(tried) or (f"{type(module).__name__} has no _init_weights, "
@@ -152,11 +155,12 @@ def _written(tensor: torch.Tensor) -> bool:
     return not bool((tensor == torch.iinfo(tensor.dtype).max).any())
 
 
-def _attempt(module: nn.Module, left: list[_Pending], label: str, run: Callable[[], None],
+def _attempt(module: nn.Module, left: list[_Pending], method: _Method,
              tried: list[str], done: Initialised) -> list[_Pending]:
-    """Run one method with the module's filled tensors stood in for; what it did not compute."""
+    """Run one method with the filled tensors it may write stood in for; what it left."""
+    label, run, writes = method
     try:
-        with _stand_ins(module, {id(p.new) for p in left}), torch.no_grad():
+        with _stand_ins(writes, {id(p.new) for p in left}), torch.no_grad():
             run()
     except Exception as exc:
         tried.append(f"{label} raised {type(exc).__name__}: {exc}")
@@ -222,15 +226,31 @@ def _methods(model: nn.Module, modules: dict[str, nn.Module], path: str, module:
              device: torch.device) -> Iterator[_Method]:
     """The model's own ways of computing the module's tensors, in the order tried."""
     owner = _pretrained_owner(modules, path)
-    if owner is not None:
-        yield (f"{type(owner).__name__}._init_weights",
-               lambda: owner._init_weights(module))  # type: ignore[operator]
+    if owner is not None:  # as from_pretrained's apply: the module, then each ancestor's own
+        chain = [modules[p] for p in _up_to(path, modules, owner)]
+
+        def init_weights() -> None:
+            for each in chain:
+                owner._init_weights(each)  # type: ignore[operator]
+
+        yield f"{type(owner).__name__}._init_weights", init_weights, chain[-1]
     if callable(getattr(type(module), "reset_parameters", None)):
         reset: Callable[[], None] = module.reset_parameters  # type: ignore[assignment]
-        yield f"{type(module).__name__}.reset_parameters", reset
+        yield f"{type(module).__name__}.reset_parameters", reset, module
     rebuild = _rebuild(module, device)
     if rebuild is not None:
         yield rebuild
+
+
+def _up_to(path: str, modules: dict[str, nn.Module], owner: nn.Module) -> list[str]:
+    """``path`` and its ancestors' paths, nearest first, up to ``owner``'s."""
+    parts = path.split(".") if path else []
+    found = []
+    for depth in range(len(parts), -1, -1):
+        found.append(".".join(parts[:depth]))
+        if modules.get(found[-1]) is owner:
+            break
+    return found
 
 
 def _pretrained_owner(modules: dict[str, nn.Module], path: str) -> nn.Module | None:
@@ -276,4 +296,78 @@ def _rebuild(module: nn.Module, device: torch.device) -> _Method | None:
                 target.copy_(buffer)
 
     shown = ", ".join(f"{k}=" for k in kwargs)
-    return f"{cls.__name__}({shown}) rebuilt on {device}", run
+    return f"{cls.__name__}({shown}) rebuilt on {device}", run, module
+
+
+def computed_alike(model: nn.Module, tensors: ModelTensors,
+                   keys: Collection[str]) -> dict[str, str]:
+    """Which of these keys the model's own code computes alike under any seed, as it holds them.
+
+    A key no checkpoint filled that the model does not train (a buffer, a frozen parameter:
+    transformers' Whisper's sinusoidal ``embed_positions``) is computed by the first of the
+    model's methods that computes it (:func:`initialise_left`'s order) twice, under two seeds,
+    into new storage (the model's tensors stood in for meanwhile, never overwritten). The same
+    values both times, equal to what the model holds and not all one value, say it is a value
+    of the configuration (sinusoids, frequencies, positions, a mask), not a draw; a constant (a
+    norm's ones, running statistics' zeros) is how training starts, not a value of the
+    configuration.
+
+    Args:
+        model: The unwrapped model, filled.
+        tensors: Its tensors as walked.
+        keys: Keys the checkpoint lacks.
+
+    Returns:
+        Key to the code that computes it, for those it computes alike.
+    """
+    modules = dict(tensors.modules)
+    holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    for _, each in tensors.modules if keys else ():
+        for store in (each._parameters, each._buffers):
+            for stored, tensor in store.items():
+                holders.setdefault(id(tensor), []).append((store, stored))
+    found: dict[str, str] = {}
+    for key in keys:
+        path, _, name = key.rpartition(".")
+        module = modules.get(path)
+        held = None if module is None else (module._parameters.get(name)
+                                            if name in module._parameters
+                                            else module._buffers.get(name))
+        if module is None or held is None or held.is_meta or (
+                isinstance(held, nn.Parameter) and held.requires_grad):
+            continue  # a parameter the model trains is learned, whatever its first value
+        draws = [_draw(model, modules, (path, module), (key, name), holders, seed)
+                 for seed in (0, 1)]
+        if all(d is not None and torch.equal(d[1], held) for d in draws) and \
+                held.numel() > 1 and not bool((held == held.flatten()[0]).all()):
+            found[key] = draws[0][0]  # type: ignore[index]
+    return found
+
+
+def _draw(model: nn.Module, modules: dict[str, nn.Module], at: tuple[str, nn.Module],
+          named: tuple[str, str], holders: dict[int, list[tuple[dict[str, Any], str]]],
+          seed: int) -> tuple[str, torch.Tensor] | None:
+    """One computation of a tensor by the model's code under a seed: (how, value), if any."""
+    (path, module), (key, name) = at, named
+    store = module._parameters if name in module._parameters else module._buffers
+    held = store[name]
+    assert held is not None
+    new = torch.empty(held.shape, dtype=held.dtype, device=held.device)
+    _mark(new)
+    if isinstance(held, nn.Parameter):
+        new = nn.Parameter(new, requires_grad=held.requires_grad)
+    pending = _Pending(key, name, held, new, holders.get(id(held), [(store, name)]))
+    _install(pending, new)
+    done = Initialised()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            left = [pending]
+            for method in _methods(model, modules, path, module, held.device):
+                left = _attempt(module, left, method, [], done)
+                if not left:
+                    break
+        value = store[name]
+        return None if left or value is None else (done.how[key], value.detach().clone())
+    finally:
+        _install(pending, held)

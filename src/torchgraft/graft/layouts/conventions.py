@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = ["CONTEXTS", "CONVENTIONS", "ROTARY_ORDERS", "Convention", "RotaryOrder", "joined_role",
-           "role_of", "role_parts", "unit_of"]
+           "numbered", "role_of", "role_parts", "unit_of"]
 
 
 @dataclass(frozen=True)
@@ -192,10 +192,30 @@ def _own_role(path: str, siblings: frozenset[str]) -> str | None:
 _OWN_LEAF = re.compile(r"_(?:bias|weight)$")
 
 
+#: A name that numbers its module among siblings: ``3``, or letters then a number (``b2``,
+#: ``stage3``, ``layer_1``).
+_NUMBERED = re.compile(r"\d+|[A-Za-z]+_?\d+")
+
+
+def numbered(part: str) -> bool:
+    """Whether a module name numbers it (``3``, ``b2``, ``stage3``).
+
+    A numbered module holding modules of its own is a unit (a block, a stage).
+
+    Args:
+        part: One part of a module path.
+
+    Returns:
+        True for a number, or letters then a number.
+    """
+    return _NUMBERED.fullmatch(part) is not None
+
+
 def unit_of(path: str) -> str:
     """The unit a module belongs to: its nearest numbered ancestor (a block), else the root.
 
-    ``layer1.0.downsample.1`` and ``layer1.0.bn2`` are both in ``layer1.0``;
+    ``layer1.0.downsample.1`` and ``layer1.0.bn2`` are both in ``layer1.0``; timm's
+    ``s1.b2.conv1.bn`` is in ``s1.b2.conv1`` (an ancestor numbered by letters and a number);
     ``features.3`` (a module of a top-level ``Sequential``) is in the root unit ``""``.
 
     Args:
@@ -205,5 +225,5 @@ def unit_of(path: str) -> str:
         The unit's path.
     """
     parts = path.split(".")[:-1]
-    last = max((k for k, part in enumerate(parts) if part.isdigit()), default=-1)
+    last = max((k for k, part in enumerate(parts) if numbered(part)), default=-1)
     return ".".join(parts[: last + 1])

@@ -66,7 +66,7 @@ from .steps import Match, Plan, is_bookkeeping
 from .structure import align
 from .transforms import decide, fits_for, takes
 
-__all__ = ["PASSES", "run_passes"]
+__all__ = ["KEPT_VALUES", "PASSES", "computed_assumption", "run_passes"]
 
 
 def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
@@ -299,8 +299,9 @@ def leftovers(state: PassState) -> None:
             plan.initialised[target] = _COMPUTED
         else:
             plan.missing[target] = f"no checkpoint tensor matches it {_TRIED[state.match]}"
+            plan.unmatched.append(target)
     if plan.initialised:
-        plan.assumptions.append(_computed_assumption(list(plan.initialised)))
+        plan.assumptions.append(computed_assumption(list(plan.initialised)))
     for key in [*plan.tied]:
         if plan.tied[key] in plan.missing:
             plan.missing[key] = f"tied to '{plan.tied.pop(key)}', which is missing"
@@ -316,6 +317,8 @@ def leftovers(state: PassState) -> None:
 #: Why a buffer the checkpoint lacks keeps the model's value.
 _COMPUTED = ("its value as the model was built (a buffer the checkpoint lacks; most are values "
              "of the configuration: rotary frequencies, position tables)")
+#: What the assumption of the model's own values for keys the checkpoint lacks is called.
+KEPT_VALUES = "value of tensors the checkpoint lacks"
 #: How to settle kept buffers.
 _COMPUTED_SETTLE = COMPARE
 #: A norm's running statistics: learned in training, never a value of the configuration.
@@ -333,13 +336,15 @@ def _computed(state: PassState, target: str) -> bool:
             and not _STATISTICS.search(target))
 
 
-def _computed_assumption(keys: list[str]) -> Assumption:
+def computed_assumption(keys: list[str]) -> Assumption:
+    """The assumption that the model's values of keys the checkpoint lacks are right."""
     return Assumption(
-        "value of buffers the checkpoint lacks",
+        KEPT_VALUES,
         f"{len(keys)} kept as the model's code computed them (e.g. '{keys[0]}')",
-        "a buffer is most often a value of the configuration (rotary frequencies, position "
-        "tables), which the model's code computes as the checkpoint's did; a learned one (a "
-        "codebook) would not be", _COMPUTED_SETTLE)
+        "a buffer (or a tensor the model's code computes alike under any seed) is most often a "
+        "value of the configuration (rotary frequencies, position tables), which the model's "
+        "code computes as the checkpoint's did; a learned one (a codebook) would not be",
+        _COMPUTED_SETTLE)
 
 
 def _surplus(plan: Plan, used: set[str]) -> None:

@@ -103,6 +103,8 @@ class Plan:
         initialised: Target buffers the checkpoint lacks, kept as the model's own code computed
             them (rotary frequencies, position tables), with why: an assumption until outputs
             are compared.
+        unmatched: Missing target keys that no checkpoint tensor could fill (none was a
+            candidate): what the model's code computes alike under any seed is kept (fill).
     """
 
     steps: list[PlanStep] = field(default_factory=list)
@@ -119,3 +121,4 @@ class Plan:
     layout: SourceLayout | None = None
     inferred: list[Derivation] = field(default_factory=list)
     initialised: dict[str, str] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..evidence import Evidence, Guess
-from ..layouts.conventions import joined_role, role_parts, unit_of
+from ..layouts.conventions import joined_role, numbered, role_parts, unit_of
 from ..tensors import TensorInfo, natural_key, owner
 
 __all__ = ["Alignment", "align"]
@@ -174,7 +174,7 @@ _DIGITS = re.compile(r"\d+")
 def _block_and_stem(path: str) -> tuple[str, str]:
     """A module path's numbered block (``layer.3``) and its stem below it, digits removed."""
     parts = path.split(".")
-    last = max((k for k, p in enumerate(parts) if p.isdigit()), default=-1)
+    last = max((k for k, p in enumerate(parts) if numbered(p)), default=-1)
     return ".".join(parts[: last + 1]), _DIGITS.sub("#", ".".join(parts[last + 1:]))
 
 
@@ -222,7 +222,7 @@ def _alike(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
 def _outermost(unit: str) -> str:
     """A unit's outermost numbered ancestor (itself when none is numbered above it)."""
     parts = unit.split(".")
-    first = next(k for k, part in enumerate(parts) if part.isdigit())
+    first = next(k for k, part in enumerate(parts) if numbered(part))
     return ".".join(parts[: first + 1])
 
 
@@ -524,7 +524,7 @@ def _with_kind_role(parts: tuple[tuple[str, ...], str | None],
 
 
 class _Units:
-    """One side's groups: their units, roles, classes, and the convolution of each norm."""
+    """One side's groups: units (aligned), blocks (judged), roles, classes, norms' convolutions."""
 
     def __init__(self, groups: list[_Group], classes: list[int], *, ordered: bool) -> None:
         children: dict[str, set[str]] = {}
@@ -532,6 +532,7 @@ class _Units:
             children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
         self.paths = [g.path for g in groups]
         self.unit = [unit_of(g.path) for g in groups]
+        self.block = [_block_of(g.path) for g in groups]
         self.parts = [_with_kind_role(role_parts(g.path, frozenset(children[g.parent])), g)
                       for g in groups]
         self.role = [joined_role(*p) for p in self.parts]
@@ -570,6 +571,17 @@ class _Units:
                      for context, (_, own) in zip(self.context, self.parts, strict=True)]
 
 
+def _block_of(path: str) -> str:
+    """A module's block, where siblings are judged: its nearest ancestor numbered by a number.
+
+    ``layer1.0``; timm's ``s1.b2.conv3.bn`` and ``s1.b2.downsample.bn`` share the root, so
+    that names and stored order are weighed between them, as between any siblings.
+    """
+    parts = path.split(".")[:-1]
+    last = max((k for k, part in enumerate(parts) if part.isdigit()), default=-1)
+    return ".".join(parts[: last + 1])
+
+
 def _prefix(paths: list[str]) -> str:
     """The common dotted prefix of paths (``a.b.c``, ``a.b.d`` -> ``a.b``)."""
     common: list[str] = []
@@ -606,7 +618,7 @@ class _Scope:
     stems: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unit = self.own.unit[self.pairs[0][0]]
+        unit = self.own.block[self.pairs[0][0]]
         scope = _common([self.other.paths[k] for _, k in self.pairs])
         for i, k in self.pairs:
             self.stems[(i, k)] = (_stem(self.own.paths[i], unit),
@@ -622,9 +634,9 @@ def _scopes(pairs: dict[int, int], ua: _Units, ub: _Units, *,
         units: dict[str, list[tuple[int, int]]] = {}
         for i, j in pairs.items():
             if target_side:
-                units.setdefault(ua.unit[i], []).append((i, j))
+                units.setdefault(ua.block[i], []).append((i, j))
             else:
-                units.setdefault(ub.unit[j], []).append((j, i))
+                units.setdefault(ub.block[j], []).append((j, i))
         own, other = (ua, ub) if target_side else (ub, ua)
         partner = pairs if target_side else back
         found += [_Scope(own, other, items, partner) for items in units.values()]
@@ -860,7 +872,7 @@ class _Judge:
         self.by_convention: dict[int, str] = {}  # group to the conventions that told it apart
         self.free: dict[str, list[int]] = {}
         for j in aligner._free()[1]:
-            self.free.setdefault(ub.unit[j], []).append(j)
+            self.free.setdefault(ub.block[j], []).append(j)
 
     def _fits(self, i: int, j: int) -> bool:
         return bool(self.aligner.table[self.ua.cls[i], self.ub.cls[j]])
@@ -900,14 +912,14 @@ class _Judge:
                 found.setdefault(i, []).extend(j for j in others if j not in found[i])
         votes: dict[str, Counter[str]] = {}
         for i, j in self.aligner.pairs.items():
-            votes.setdefault(self.ua.unit[i], Counter())[self.ub.unit[j]] += 1
+            votes.setdefault(self.ua.block[i], Counter())[self.ub.block[j]] += 1
         for i, j in self.aligner.pairs.items():
-            free = [k for k in self.free.get(self.ub.unit[j], ())
+            free = [k for k in self.free.get(self.ub.block[j], ())
                     if self._fits(i, k) and not self._role_rules_out(i, j, k)]
             if free:
                 found.setdefault(i, []).extend(free)
-            unit_votes = votes[self.ua.unit[i]]
-            if unit_votes[self.ub.unit[j]] < max(unit_votes.values()):
+            unit_votes = votes[self.ua.block[i]]
+            if unit_votes[self.ub.block[j]] < max(unit_votes.values()):
                 found.setdefault(i, [])  # its block's other modules went to another block
         return found
 
@@ -952,7 +964,7 @@ def _outward(unit: str) -> list[str]:
     """A unit, then its numbered ancestors, nearest first (``a.0.b.1``, ``a.0``)."""
     parts = unit.split(".")
     return [unit, *(".".join(parts[:k + 1]) for k in range(len(parts) - 2, -1, -1)
-                    if parts[k].isdigit())] if unit else [""]
+                    if numbered(parts[k]))] if unit else [""]
 
 
 def _pair_in_scope(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
