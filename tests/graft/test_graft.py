@@ -227,9 +227,13 @@ def test_report_text_and_json(tmp_path: Path) -> None:
     report = tg.graft(source, model, match="name", label_map=[0, 1, 2])
     text = str(report)
     assert text.splitlines()[0] == "graft ok: 2 loaded, 2 renamed, 2 adapted, 1 unused"
-    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
-        in text
+    assert "adapted   fc (2 keys)  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
+        in text  # a module's keys in one line
     assert "unused    module.old.weight  not in the model" in text
+    details = report.details()
+    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
+        in details and "adapted   fc.bias  <- module.fc.bias" in details
+    assert repr(report) == "GraftReport(verdict='ok', loaded=2, renamed=2, adapted=2, unused=1)"
     data = json.loads(report.to_json())
     assert data["ok"] is True and data["mapping"]["fc.bias"] == "module.fc.bias"
 
