@@ -153,7 +153,8 @@ def test_adapt_false_and_strict(tmp_path: Path) -> None:
         tg.graft(source, model, adapt=False, strict=True)
     assert str(info.value).startswith(
         "strict graft failed: Cannot load 'fc.weight': checkpoint has (1000, 8) ('fc.weight'), "
-        "model expects (21, 8). Without adapt=False (CLI: --no-adapt) it is re-initialised; or add a rule that drops it.")
+        "model expects (21, 8). Without adapt=False (CLI: --no-adapt) it is re-initialised; "
+        "or add a rule that drops it.")
     assert info.value.report.unused == ["fc.weight", "fc.bias", "extra"]
     with pytest.raises(tg.GraftError, match="'extra' in the checkpoint is not used"):
         tg.graft(source, model, strict=True, label_map=range(21))

@@ -541,6 +541,7 @@ def _record(report: GraftReport, result: Verification, reference: Reference,
         report.warnings.append(f"compared {result.compared}")
     if result.divergence is not None:
         tried = f"; {len(report.tried)} hypotheses tried" if report.tried else ""
+        report.diverged_at = result.unit[0] if result.unit is not None else None
         report.divergence = (f"{result.divergence}; {result.compared} differ by "
                              f"{result.max_abs_diff:.3g} (tolerance {result.tolerance:.3g}) "
                              f"from {reference.origin}'s{tried}")

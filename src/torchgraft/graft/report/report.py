@@ -54,6 +54,8 @@ class GraftReport:
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        diverged_at: With ``divergence``: the model's module whose activations diverge
+            first, where one does (``None`` when only the outputs differ).
         not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
             adapter never holds; not missing (the report is scoped to the adapter's keys).
         evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
@@ -96,6 +98,7 @@ class GraftReport:
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    diverged_at: str | None = None
     not_in_adapter: list[str] = field(default_factory=list)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
@@ -260,7 +263,8 @@ class GraftReport:
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
                 "reinitialised": self.reinitialised, "tied": self.tied, "new": self.new,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
+                "divergence": self.divergence, "diverged_at": self.diverged_at,
+                "not_in_adapter": self.not_in_adapter,
                 "verified_with": self.verified_with, "settled": self.settled,
                 "initialised": self.initialised, "tried": self.tried}
 
