@@ -39,6 +39,12 @@ def headed():
     m = source()
     m.head = nn.Linear(4, 3)
     return m
+class Twice(nn.Module):
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.first, self.second, self.scale = nn.Linear(4, 4), nn.Linear(4, 4), scale
+    def forward(self, x):
+        return self.second(self.first(x) * self.scale)
 '''
 
 pytestmark = pytest.mark.slow
@@ -118,3 +124,19 @@ def test_new_declares_a_part_new_and_a_pattern_naming_nothing_is_refused(run: Ru
     assert nothing.returncode == 2 and "new='neck' (CLI: --new)" not in nothing.stderr
     assert "--new neck names no key of the model" in " ".join(nothing.stderr.split())
     _no_traceback(nothing)
+
+
+def test_a_diverged_graft_is_not_told_to_compare_outputs(run: Run, folder: Path) -> None:
+    models = folder / "mymodels.py"
+    torch.save({f"{name}.{part}": torch.randn(4, 4) if part == "weight" else torch.randn(4)
+                for name in ("first", "second") for part in ("weight", "bias")},
+               folder / "twice.pt")
+    graft = ["graft", str(folder / "twice.pt"), "--source-model", f"{models}:Twice", "--verify",
+             "--out", str(folder / "out.pt")]
+    diverged = run(*graft, "--model", f"{models}:Twice", "--model-kwargs", '{"scale": 3.0}')
+    assert diverged.returncode == 4, diverged.stdout + diverged.stderr
+    assert "diverged" in diverged.stdout and "outputs were compared and differ" in diverged.stdout
+    assert "to settle it, compare outputs" not in diverged.stdout
+    assert "--input-shape" not in diverged.stdout and "the command above" not in diverged.stderr
+    agreeing = run(*graft, "--model", f"{models}:Twice")  # the control
+    assert agreeing.returncode == 0 and "graft ok" in agreeing.stdout

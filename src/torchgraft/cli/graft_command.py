@@ -192,7 +192,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                              "error": failed, "exit_code": code})
         return code
     print_report(console, report, details=details, quiet=quiet)
-    if not quiet and report.complete and not report.ok:
+    if not quiet and report.verdict == "unverified":
         _print_settling(console, source_spec is not None,
                         inputs_path is not None or shape is not None)
     if failed:
@@ -224,7 +224,7 @@ def _output(out: Path | None, fmt: str | None, *, dry_run: bool, overwrite: bool
 
 
 def _not_saved(out: Path, report: GraftReport) -> str:
-    settle = "settle it with the command above, or " if report.complete else ""
+    settle = "settle it with the command above, or " if report.verdict == "unverified" else ""
     return (f"not saved to {one_line(str(out))}: the graft is {report.verdict.value.upper()} "
             f"(see above); {settle}--allow-incomplete saves it anyway (exit 5)")
 
