@@ -4,7 +4,7 @@ Its setup is visible: collapsed ``<details>`` blocks that define the models and 
 the examples read. Every ``python`` block runs in document order, in one namespace, in a fresh
 interpreter whose working folder is empty and which cannot import the checkout's ``tests``, as a
 user's would. Where a block prints and the README shows the printout as comments
-(``print(report)`` then ``# graft ok: ...``), the first line shown is the first line printed.
+(``print(report)`` then ``# graft ok: ...``), what it shows is what it prints, line for line.
 The screenshot beside the README (docs/images/graft-report.png) is of the same graft: the
 browser test in tests/cli/test_report_output.py checks its headline against this one.
 """
@@ -39,9 +39,9 @@ for number, (code, shown) in enumerate(json.load(open(sys.argv[1])), start=1):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(code, f"README.md:python block {number}", "exec"), namespace)
-    first = (printed.getvalue().splitlines() or [""])[0]
-    if shown is not None and first != shown:
-        sys.exit(f"python block {number} printed {first!r}; the README shows {shown!r}")
+    lines = printed.getvalue().splitlines()
+    if shown is not None and lines != shown:
+        sys.exit(f"python block {number} printed {lines!r}; the README shows {shown!r}")
     print(f"block {number} ran")
 """
 
@@ -59,13 +59,20 @@ def readme_blocks() -> tuple[str, list[str]]:
     return setup, _PYTHON.findall(_DETAILS.sub("", text))
 
 
-def shown_output(block: str) -> str | None:
-    """The first comment line after the block's ``print(...)``: the output the README shows."""
+def shown_output(block: str) -> list[str] | None:
+    """The comment lines after each of the block's ``print(...)``: the output the README shows.
+
+    ``None`` when the block shows no printout.
+    """
     lines = block.splitlines()
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith("print(") and lines[i + 1].startswith("# "):
-            return lines[i + 1].removeprefix("# ")
-    return None
+    shown: list[str] = []
+    for i, line in enumerate(lines):
+        if line.startswith("print("):
+            for comment in lines[i + 1:]:
+                if not comment.startswith("# "):
+                    break
+                shown.append(comment.removeprefix("# "))
+    return shown or None
 
 
 @pytest.mark.slow
@@ -95,7 +102,7 @@ def test_the_readme_shows_its_setup_in_the_open() -> None:
 def test_the_readme_graft_headline_is_shown() -> None:
     """The first block shows the graft's headline (the browser test compares the screenshot)."""
     _setup, blocks = readme_blocks()
-    assert (shown_output(blocks[0]) or "").startswith("graft ")
+    assert (shown_output(blocks[0]) or [""])[0].startswith("graft ")
 
 
 def test_readme_starts_with_the_demo_and_test_commands_and_ci_runs_the_second() -> None:

@@ -141,7 +141,10 @@ def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     args = ["graft", str(tmp_path / "s.pt"), "--model", f"{models}:net"]
     result = run(*args, "--out", str(tmp_path / "a.pt"))
     assert result.returncode == 3, result.stderr
-    assert "graft UNVERIFIED" in result.stdout and "to settle them" in result.stdout
+    assert "graft UNVERIFIED" in result.stdout
+    assert result.stdout.splitlines()[-1].split() == [
+        "torchgraft", *args, "--out", str(tmp_path / "a.pt"), "--verify", "--source-model",
+        "MODULE:FACTORY"]  # the command that settles it, ready to copy
     assert not (tmp_path / "a.pt").exists() and "--allow-incomplete" in result.stderr
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
@@ -172,9 +175,9 @@ def test_graft_assumption_exit_3(run: Run, tmp_path: Path) -> None:
     args = ["graft", str(tmp_path / "s.pt"), "--model", f"{models}:attn"]
     result = run(*args, "--out", str(tmp_path / "a.pt"), "--details")
     assert result.returncode == 3, result.stderr
-    assert "assumed: attention head count: the model's: 2 heads, head size 4" in " ".join(
+    assert "assumed attention head count: the model's: 2 heads, head size 4" in " ".join(
         result.stdout.split())
-    assert not (tmp_path / "a.pt").exists() and "guessed or assumed" in result.stderr
+    assert not (tmp_path / "a.pt").exists() and "UNVERIFIED" in result.stderr
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and not data["guesses"]
     assert data["assumptions"][0]["assumed"] == "the model's: 2 heads, head size 4"

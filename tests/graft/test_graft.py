@@ -153,7 +153,8 @@ def test_adapt_false_and_strict(tmp_path: Path) -> None:
         tg.graft(source, model, adapt=False, strict=True)
     assert str(info.value).startswith(
         "strict graft failed: Cannot load 'fc.weight': checkpoint has (1000, 8) ('fc.weight'), "
-        "model expects (21, 8). Pass adapt=True to re-initialise it, or a rule that drops it.")
+        "model expects (21, 8). Without adapt=False (CLI: --no-adapt) it is re-initialised; "
+        "or add a rule that drops it.")
     assert info.value.report.unused == ["fc.weight", "fc.bias", "extra"]
     with pytest.raises(tg.GraftError, match="'extra' in the checkpoint is not used"):
         tg.graft(source, model, strict=True, label_map=range(21))
@@ -227,9 +228,13 @@ def test_report_text_and_json(tmp_path: Path) -> None:
     report = tg.graft(source, model, match="name", label_map=[0, 1, 2])
     text = str(report)
     assert text.splitlines()[0] == "graft ok: 2 loaded, 2 renamed, 2 adapted, 1 unused"
-    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
-        in text
+    assert "adapted   fc (2 keys)  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
+        in text  # a module's keys in one line
     assert "unused    module.old.weight  not in the model" in text
+    details = report.details()
+    assert "adapted   fc.weight  <- module.fc.weight: rows 10->3: 3 kept chosen by label_map" \
+        in details and "adapted   fc.bias  <- module.fc.bias" in details
+    assert repr(report) == "GraftReport(verdict='ok', loaded=2, renamed=2, adapted=2, unused=1)"
     data = json.loads(report.to_json())
     assert data["ok"] is True and data["mapping"]["fc.bias"] == "module.fc.bias"
 

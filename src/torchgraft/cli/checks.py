@@ -18,8 +18,8 @@ from ..hub_ids import repo_id
 from ..units import parse_size
 from .factory import parse_spec
 
-__all__ = ["existing_file", "json_object", "factory_spec", "label_rows", "shard_size",
-           "source_path"]
+__all__ = ["MAX_INPUT_VALUES", "existing_file", "factory_spec", "input_shape", "json_object",
+           "label_rows", "shard_size", "source_path"]
 
 
 def source_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
@@ -94,3 +94,30 @@ def label_rows(ctx: click.Context, param: click.Parameter,
 
 def _row(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+#: ``--input-shape`` makes at most this many values (a batch of 16 images of 1024 x 1024).
+MAX_INPUT_VALUES = 1 << 26
+#: ... of at most this many dimensions.
+_MAX_DIMENSIONS = 8
+
+
+def input_shape(ctx: click.Context, param: click.Parameter,
+                value: str | None) -> tuple[int, ...] | None:
+    """``--input-shape 1,3,224,224``: whole sizes from 1, a few dimensions, a bounded count."""
+    if value is None:
+        return None
+    parts = value.replace(" ", "").split(",")
+    if len(parts) > _MAX_DIMENSIONS or not all(
+            part.isascii() and part.isdigit() and len(part) < 12 and int(part) > 0
+            for part in parts):
+        raise click.BadParameter(f"'{value}' is not a shape such as 1,3,224,224 (sizes from 1, "
+                                 f"at most {_MAX_DIMENSIONS} of them)", ctx=ctx, param=param)
+    shape = tuple(int(part) for part in parts)
+    count = 1
+    for size in shape:
+        count *= size
+    if count > MAX_INPUT_VALUES:
+        raise click.BadParameter(f"{value} makes {count:,} values; an input is at most "
+                                 f"{MAX_INPUT_VALUES:,}", ctx=ctx, param=param)
+    return shape

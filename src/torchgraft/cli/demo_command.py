@@ -21,7 +21,7 @@ from rich.table import Table
 from ..errors import UnsafeCheckpointError
 from ..text import one_line
 from ..units import human_bytes, plural
-from .render import print_json, print_rows, summarised
+from .render import print_json, print_rows
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
     from ..demo import Example, GraftStep
@@ -103,6 +103,8 @@ def _labelled(console: Console, rows: list[tuple[str, str]]) -> None:
 
 def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[GraftStep],
                 kept: Path | None) -> None:
+    from ..graft.report.summary import summary_rows
+
     console.print(intro(len(opened), len(grafts)), highlight=False)
     console.print()
     console.print("[bold]Part 1: open any checkpoint[/bold]")
@@ -118,7 +120,7 @@ def _print_tour(console: Console, opened: list[dict[str, Any]], grafts: list[Gra
         console.rule(f"[bold]{number}. {escape(step.title)}[/bold]", align="left", style="dim")
         _labelled(console, [("PyTorch", step.plain or "works"),
                             ("torchgraft", step.report.headline())])
-        print_rows(console, summarised(step.report.lines())[:4])
+        print_rows(console, [row for row in summary_rows(step.report) if row[1]][:4])
         _labelled(console, [("passed" if step.passed else "FAILED", step.check),
                             ("do it", step.python), ("", step.cli)])
     console.print()

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..text import one_line, shorten
-from .checks import existing_file, factory_spec, json_object, label_rows, source_path
+from .advice import settling_command
+from .checks import existing_file, factory_spec, input_shape, json_object, label_rows, source_path
 from .options import source_options
 from .outputs import WRITERS, output_format
 from .progress import steps
@@ -18,7 +19,10 @@ from .render import print_json, print_report, safe_text
 from .words import cli_words
 
 if TYPE_CHECKING:  # torch is imported when the command runs, not to list or complete it
+    from torch import nn
+
     from ..graft import GraftReport
+    from ..graft.sides.inputs import Inputs
 
 __all__ = ["EXIT_SAVED_ANYWAY", "graft_command"]
 
@@ -55,6 +59,11 @@ EXIT_SAVED_ANYWAY = 5
               show_default=True,
               help="How new rows and re-initialised heads are filled: the model's own values, "
                    "normal (std 0.02, zero biases) or zeros.")
+@click.option("--new", "new", multiple=True, metavar="PATTERN",
+              help="Model keys that are new on purpose (a new head or neck): a glob such as "
+                   "'head.*' or a module's name, repeatable. What they name and SOURCE does "
+                   "not fill keeps the model's own values (or --init's) and is listed as new, "
+                   "not missing; a pattern that names no model key is an error (exit 2).")
 @click.option("--label-map", default=None, metavar="JSON", callback=label_rows,
               help="Rows to keep when a head's rows differ: a list (item i = the checkpoint row "
                    "for model row i, null for a new row) or {model_row: checkpoint_row}.")
@@ -76,13 +85,23 @@ EXIT_SAVED_ANYWAY = 5
 @click.option("--verify/--no-verify", "verify", default=None,
               help="Compare outputs with the source's own model (a folder's config.json names "
                    "a transformers class, or --source-model), on inputs generated from its "
-                   "config or read from --inputs; where they diverge, try the guesses of the "
-                   "first diverging module. Default: when there is something to compare with "
-                   "and the weights are at most 2 GiB; --verify fails (exit 2) without one.")
+                   "config or from the models (token ids in range of the first embedding, "
+                   "images of the first convolution's channels in a size both take, audio), "
+                   "read from --inputs or made by --input-shape; where they diverge, try the "
+                   "guesses of the first diverging module. Default: when there is something to "
+                   "compare with and the weights are at most 2 GiB; --verify fails (exit 2) "
+                   "without one.")
 @click.option("--inputs", "inputs_path", type=click.Path(path_type=Path), default=None,
               callback=existing_file,
               help="Inputs to compare outputs on: a .safetensors or .pt file of tensors named "
                    "by forward argument (input_ids, pixel_values, input_features...).")
+@click.option("--input-shape", "shape", default=None, metavar="N,C,H,W", callback=input_shape,
+              help="Compare outputs on one random input of this shape instead (e.g. "
+                   "1,3,224,224: pixel values; integer --input-dtype: token ids in range of "
+                   "the model's first embedding).")
+@click.option("--input-dtype", type=click.Choice(["float32", "float16", "bfloat16", "float64",
+                                                  "int64", "int32"]), default=None,
+              help="dtype of the --input-shape input (default float32).")
 @click.option("--source-model", "source_spec", default=None, metavar="MODULE:FACTORY",
               callback=factory_spec,
               help="Builds a model of the source's code base (as --model does) to fill from "
@@ -104,26 +123,32 @@ EXIT_SAVED_ANYWAY = 5
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path | None,
                   fmt: str | None, dry_run: bool, rules: Path | None, match: str, init: str,
                   label_map: list[int | None] | dict[int, int] | None, no_adapt: bool,
-                  strict: bool, allow_incomplete: bool, overwrite: bool, unsafe: bool,
-                  weights_key: str | None, component: str | None, follow_links: bool,
-                  verify: bool | None, inputs_path: Path | None, source_spec: str | None,
+                  new: tuple[str, ...], strict: bool, allow_incomplete: bool, overwrite: bool,
+                  unsafe: bool, weights_key: str | None, component: str | None,
+                  follow_links: bool, verify: bool | None, inputs_path: Path | None,
+                  shape: tuple[int, ...] | None, input_dtype: str | None, source_spec: str | None,
                   source_model_kwargs: str | None, layout_of: Path | None,
                   layout_rules: Path | None, html_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model, report every key, and save the result.
 
     Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
-    equal), 1 incomplete (keys missing, or --strict failed), 2 bad input, 3 unverified (every
-    key filled, some by a guess among same-shape candidates), 4 diverged (outputs differ),
-    5 saved anyway (--allow-incomplete saved --out though the graft is not ok), 130
-    interrupted. A graft that is not ok saves nothing (exit 1, 3 or 4) unless
-    --allow-incomplete: settle an unverified one with --verify (and --inputs or
-    --source-model) first. Without --out, or with --dry-run, nothing is saved and the exit
-    code is the verdict's. With --layout-of, a model that does not fit that checkpoint's
-    layout is bad input (exit 2) unless --allow-incomplete.
+    equal), 1 incomplete (keys missing that no --new declares, or --strict failed), 2 bad
+    input, 3 unverified (every key filled, some by a guess among same-shape candidates), 4
+    diverged (outputs differ), 5 saved anyway (--allow-incomplete saved --out though the
+    graft is not ok), 130 interrupted. A graft that is not ok saves nothing (exit 1, 3 or 4)
+    unless --allow-incomplete: settle an unverified one first with --verify --source-model
+    MODULE:FACTORY (the command is printed, ready to copy). Without --out, or with --dry-run,
+    nothing is saved and the exit code is the verdict's. With --layout-of, a model that does
+    not fit that checkpoint's layout is bad input (exit 2) unless --allow-incomplete.
     """
     writes = _output(out, fmt, dry_run=dry_run, overwrite=overwrite, layout_of=layout_of,
                      layout_rules=layout_rules)
+    if shape is not None and inputs_path is not None:
+        raise click.UsageError("--inputs and --input-shape both give inputs: give one")
+    if input_dtype is not None and shape is None:
+        raise click.UsageError("--input-dtype is the dtype of the --input-shape input: give "
+                               "--input-shape")
     from ..graft import GraftError, graft  # torch: after the arguments are checked
     from ..graft.sides.inputs import read_inputs
     from .factory import build_model
@@ -135,6 +160,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     saved: Path | None = None
     with steps("building the model", quiet=quiet) as shown:
         model = build_model(model_spec, model_kwargs)
+        if shape is not None:
+            inputs = _of_shape(shape, input_dtype, model)
         shown.step("grafting")
         try:
             report: GraftReport = graft(
@@ -142,7 +169,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                 init=init, strict=strict, unsafe=unsafe, label_map=label_map,  # type: ignore[arg-type]
                 weights_key=weights_key, component=component, follow_links=follow_links,
                 verify="auto" if verify is None else verify, example_inputs=inputs,
-                source_model=source_model, progress=shown.counter("tensors"))
+                source_model=source_model, new=new, progress=shown.counter("tensors"))
             failed = None
         except GraftError as exc:
             report, failed = exc.report, cli_words(str(exc))
@@ -165,6 +192,9 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                              "error": failed, "exit_code": code})
         return code
     print_report(console, report, details=details, quiet=quiet)
+    if not quiet and report.verdict == "unverified":
+        _print_settling(console, source_spec is not None,
+                        inputs_path is not None or shape is not None)
     if failed:
         Console(stderr=True).print(f"[red]{safe_text(failed)}[/red]", highlight=False,
                                    soft_wrap=True)
@@ -194,10 +224,29 @@ def _output(out: Path | None, fmt: str | None, *, dry_run: bool, overwrite: bool
 
 
 def _not_saved(out: Path, report: GraftReport) -> str:
-    settle = ("settle what was guessed or assumed with --verify (and --inputs or "
-              "--source-model), or " if report.complete else "")
-    return (f"not saved to {one_line(str(out))}: the graft is not ok (see above); "
-            f"{settle}--allow-incomplete saves it anyway (exit 5)")
+    settle = "settle it with the command above, or " if report.verdict == "unverified" else ""
+    return (f"not saved to {one_line(str(out))}: the graft is {report.verdict.value.upper()} "
+            f"(see above); {settle}--allow-incomplete saves it anyway (exit 5)")
+
+
+def _of_shape(shape: tuple[int, ...], dtype: str | None, model: nn.Module) -> Inputs:
+    """The --input-shape input: random values of the shape, ids in range of the embedding."""
+    import torch
+
+    from ..graft.sides.inputs import of_shape
+
+    return of_shape(shape, getattr(torch, dtype or "float32"), model)
+
+
+def _print_settling(console: Console, source_model: bool, inputs: bool) -> None:
+    """The command that settles an unverified graft: the user's, with --verify and its model."""
+    typed = click.get_current_context().find_root().obj
+    if not isinstance(typed, tuple):
+        return  # not run from the command line (a test's CliRunner): nothing to repeat
+    command = settling_command(typed, source_model=source_model, inputs=inputs)
+    console.print("to settle it, compare outputs with the source's own model (MODULE:FACTORY "
+                  "builds it, as --model builds yours):", highlight=False, soft_wrap=True)
+    console.print(f"  {escape(command)}", highlight=False, soft_wrap=True)
 
 
 def _print_outcome(console: Console, out: Path | None, *, saved: bool,

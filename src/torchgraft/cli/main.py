@@ -24,6 +24,7 @@ import click
 
 from .._version import __version__
 from ..errors import TorchgraftError, UnknownFormatError
+from ..logs import in_report
 from ..text import one_line
 from .interrupt import EXIT_INTERRUPTED, end_now, interrupted, interruptible
 from .words import cli_words, format_names
@@ -100,6 +101,7 @@ def cli(debug: bool) -> None:
     """The ``torchgraft`` command group (its help text is built above, with the exit codes)."""
     handler = logging.StreamHandler()
     handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(lambda record: not in_report(record))  # the report, printed, says it
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ["--debug", *(a for a in args if a != "--debug")]
     with interruptible():
         try:
-            result = cli.main(args=args, prog_name="torchgraft", standalone_mode=False)
+            result = cli.main(args=args, prog_name="torchgraft", standalone_mode=False,
+                              obj=tuple(a for a in args if a != "--debug"))  # as typed
         except TorchgraftError as exc:
             if debug:
                 traceback.print_exc()

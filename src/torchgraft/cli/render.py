@@ -12,13 +12,14 @@ from rich.table import Table
 
 from ..text import one_line, shorten
 from ..units import human_bytes, plural
+from .words import cli_words
 
 if TYPE_CHECKING:  # rendering never imports torch: completion and --help stay fast
     from ..graft import GraftReport
     from ..inspect import CheckpointInfo
 
-__all__ = ["extras_tree", "print_info", "print_json", "print_report", "print_rows", "safe_text",
-           "summarised"]
+__all__ = ["DETAILS_FLAG", "extras_tree", "print_info", "print_json", "print_report",
+           "print_rows", "safe_text"]
 
 
 def safe_text(text: str) -> str:
@@ -151,10 +152,11 @@ def extras_tree(extras: dict[str, Any]) -> list[str]:
     return lines
 
 
-_STATUS_STYLE = {"missing": "red", "unused": "yellow", "adapted": "magenta", "reinit": "magenta",
-                 "guess": "yellow", "surplus": "yellow"}
-#: Row statuses that only say how a key was matched: summarised unless --details.
-_MATCHED = ("wrapper", "prefix", "rule", "layout", "structure", "base")
+_STATUS_STYLE = {"missing": "red", "diverged": "red", "unused": "yellow", "adapted": "magenta",
+                 "reinit": "magenta", "guess": "yellow", "surplus": "yellow", "assumed": "yellow",
+                 "warning": "yellow", "settle": "yellow", "compared": "green", "new": "blue"}
+#: Where the summary says every key is listed, in the command line's words.
+DETAILS_FLAG = "--details lists every key"
 
 
 def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
@@ -164,7 +166,7 @@ def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
     On a terminal, without ``full``, keys and details are shortened in the middle so that 80
     columns read well. Piped or logged output (or ``full``, the CLI's ``--details``) keeps every
     word: a row longer than the width is wrapped, continuing under its key, and a key is
-    never broken.
+    never broken. A note (no key: a warning, how to settle) is always wrapped, never cut.
 
     Args:
         console: Where to print.
@@ -176,6 +178,9 @@ def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
     for state, key, detail in rows:
         style = _STATUS_STYLE.get(state, "cyan")
         label = f"  [{style}]{state:<9}[/{style}] "
+        if not key:  # a note: wrapped under its label
+            _print_lines(console, label, _wrap(one_line(detail), width) or [""])
+            continue
         if cut:
             room = width - 13
             key_room = min(len(key), max(room * 2 // 3, room - len(detail) - 2))
@@ -189,56 +194,43 @@ def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
             console.print(f"{label}{escape(key)}  {escape(detail)}".rstrip(), highlight=False,
                           soft_wrap=True)
             continue
-        lines = [key, *textwrap.wrap(detail, width=width - 12, break_long_words=False,
-                                     break_on_hyphens=False)] if len(key) > (width - 12) // 2 \
-            else textwrap.wrap(f"{key}  {detail}", width=width - 12, break_long_words=False,
-                               break_on_hyphens=False)
-        console.print(f"{label}{escape(lines[0])}", highlight=False, soft_wrap=True)
-        for more in lines[1:]:
-            console.print(f"{'':12}{escape(more)}", highlight=False, soft_wrap=True)
+        _print_lines(console, label, [key, *_wrap(detail, width)]
+                     if len(key) > (width - 12) // 2 else _wrap(f"{key}  {detail}", width))
 
 
-def summarised(rows: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """Rows with the plainly renamed keys summarised: one row per matching step."""
-    out: list[tuple[str, str, str]] = []
-    groups: dict[str, list[tuple[str, str, str]]] = {}
-    for row in rows:
-        if row[0] in _MATCHED:
-            groups.setdefault(row[0], []).append(row)
-        else:
-            out.append(row)
-    summary = [(state, plural(len(group), "key"),
-                f"e.g. {group[0][1]} {group[0][2]} (--details lists each)")
-               for state, group in groups.items()]
-    return summary + out
+def _wrap(text: str, width: int) -> list[str]:
+    """Text in lines that fit beside a row's label, never breaking a word (or a key)."""
+    return textwrap.wrap(text, width=width - 12, break_long_words=False, break_on_hyphens=False)
+
+
+def _print_lines(console: Console, label: str, lines: list[str]) -> None:
+    """A row's first line after its label, the others under it."""
+    console.print(f"{label}{escape(lines[0])}", highlight=False, soft_wrap=True)
+    for more in lines[1:]:
+        console.print(f"{'':12}{escape(more)}", highlight=False, soft_wrap=True)
 
 
 def print_report(console: Console, report: GraftReport, *, details: bool = False,
                  quiet: bool = False) -> None:
-    """Print a graft report: its headline, then one line per key not plainly loaded.
+    """Print a graft report: its headline, then its summary (or every key), in CLI words.
+
+    The rows are the report's own (:mod:`torchgraft.graft.report.summary`: what
+    ``str(report)`` and ``report.details()`` print), their details in the command line's words
+    (flags, not Python arguments).
 
     Args:
         console: Where to print.
         report: The report.
-        details: List every renamed key, not a summary per matching step.
+        details: List every key, not a summary per matching step and module.
         quiet: Print the headline only.
     """
+    from ..graft.report.summary import detail_rows, summary_rows
+
     head = report.headline()
     colour = "green" if report.ok else "yellow" if report.complete else "red"
     console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False)
     if quiet:
         return
-    if report.max_abs_diff is not None:
-        console.print(f"  max |output difference| = {report.max_abs_diff:.3g}")
-    if report.divergence:
-        console.print(f"  [red]diverged[/red]: {safe_text(report.divergence)}")
-    for warning in report.warnings:
-        console.print(f"  [yellow]warning[/yellow]: {safe_text(warning)}", highlight=False)
-    for assumption in report.assumptions:
-        console.print(f"  [yellow]assumed[/yellow]: {safe_text(assumption.describe())}",
-                      highlight=False)
-    if report.settle():
-        console.print(f"  [yellow]unverified[/yellow]: {safe_text(report.settle())}",
-                      highlight=False)
-    rows = report.lines()
-    print_rows(console, rows if details else summarised(rows), full=details)
+    rows = detail_rows(report) if details else summary_rows(report, hint=DETAILS_FLAG)
+    print_rows(console, [(state, key, cli_words(detail)) for state, key, detail in rows],
+               full=details)

@@ -22,7 +22,7 @@ FLAGS = {
     "match": "--match", "strict": "--strict", "rules": "--rules", "dtype": "--dtype",
     "legacy": "--legacy", "max_shard_size": "--max-shard-size", "ranks": "--ranks",
     "experts": "--experts", "keep_wrappers": "--keep-wrappers",
-    "drop_extras": "--drop-extras", "layout_of": "--layout-of",
+    "drop_extras": "--drop-extras", "layout_of": "--layout-of", "new": "--new",
 }
 
 #: ``name=value``, the name after a space or a parenthesis: never inside a path or a quoted key.

@@ -23,12 +23,14 @@ from torch import nn
 from ..checkpoint import Checkpoint, OpenOptions
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
+from ..logs import IN_REPORT
 from ..renames import Rule
 from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
 from .check.source_model import SourceModelLike, source_norms, transformers_renames
 from .fill.dtensor import sharded_targets
 from .fill.initialise import computed_alike
+from .fill.new_parts import check_new, declare_new
 from .fill.quantized import graft_quantized
 from .fill.target import Filled, Filling, fill_model
 from .layouts.norms import NormOffsets, norm_offsets
@@ -68,7 +70,8 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
           unsafe: bool = False, weights_key: str | None = None, component: str | None = None,
           progress: Callable[[int, int], None] | None = None,
           follow_links: bool = False,
-          source_model: SourceModelLike | None = None) -> GraftReport:
+          source_model: SourceModelLike | None = None,
+          new: str | Iterable[str] = ()) -> GraftReport:
     """Fill ``model`` from ``source`` in place, whatever stands between them.
 
     Matching goes by exact names, then names without wrapper prefixes (``module.``,
@@ -90,6 +93,10 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     state dict hands out copies (state-dict hooks) is filled through its own
     ``load_state_dict``, and a write that still does not show is reported missing, with the
     reason. ``report.loaded`` lists only what is confirmed.
+
+    A graft that is not ok logs one warning (``logging.getLogger("torchgraft")``): the
+    verdict, the counts and how to settle it. ``print(report)`` shows a summary,
+    ``report.details()`` every key.
 
     A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
     each rank fills its own shards in place, reading only their bytes where the format
@@ -117,7 +124,11 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             arguments): orders its tensors by use for structural matching, and feeds
             ``verify``. An :class:`~torchgraft.graft.sides.inputs.Inputs` (by role: token ids,
             pixel values...; as the CLI's ``--inputs`` reads) only feeds ``verify``, bound to
-            each model's ``forward`` by argument name.
+            each model's ``forward`` by argument name. Without any, where outputs are to be
+            compared with ``source_model=`` (or ``verify=True``), inputs are generated from
+            a config, else from the models' first modules: token ids in range of the first
+            ``nn.Embedding``, images of the first ``nn.Conv2d``'s channels in the first size
+            of 224, 64, 32 both models take, audio of the first ``nn.Conv1d``'s channels.
         source_inputs: The source's inputs, where they differ from ``example_inputs``.
         verify: Compare outputs with the source's: with the source module (given inputs),
             with ``source_model=``, or with the model a checkpoint folder's ``config.json``
@@ -155,6 +166,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
             then given storage by the fill). A module given as ``source`` is only read: run
             in its own mode, its buffers (running statistics) put back, or in eval mode to
             compare, its mode restored.
+        new: Parts of the model that are new on purpose (a new head, a new neck): glob
+            patterns over the model's keys (``"head.*"``; a module's name stands for every
+            key under it). What they name and the checkpoint does not fill keeps the values
+            the model's code gave it (or gets ``init=``'s) and is listed in ``report.new``,
+            not missing. A key they name that the checkpoint fills is filled from it, with a
+            warning; a pattern that names no key of the model is an error.
 
     Returns:
         The report: loaded, mapping, adapted, reinitialised, tied, missing, unused, reasons,
@@ -172,9 +189,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     source_inputs = example_inputs if source_inputs is None else source_inputs
     target = unwrap(model)
     walked = walk_model(target)  # one walk of a large model, shared below
+    declared = check_new(new, walked.tensors.state)
     opening = OpenOptions(unsafe, weights_key, component, follow_links)
     if quantized_modules(target, walked.tensors.state):
-        return _into_quantized(open_source(source, opening), target, strict=strict)
+        report = _into_quantized(open_source(source, opening), target)
+        declare_new(report, target, declared, "keep")
+        return _finished(report, strict=strict)
     sharded = sharded_targets(target, walked.tensors.state)
     if sharded and verify is True:
         raise TorchgraftError("verify=True runs the model beside its source in one process; "
@@ -193,14 +213,27 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                                       assign=opened.private)
         if swapped:
             report.warnings.insert(0, swapped)
+        declare_new(report, target, declared, init)
         if not sharded and (verify is True or (verify == "auto"
                                                and _plain_copy(planned.plan, report))):
             _check(report, planned.plan, (source, opened, target),
                    replace(want, by_name=_by_name(planned.plan, report)))
-    if logger.isEnabledFor(logging.DEBUG):  # the report's text lists every key
-        logger.debug("%s", str(report).splitlines()[0])
+    return _finished(report, strict=strict)
+
+
+def _finished(report: GraftReport, *, strict: bool) -> GraftReport:
+    """The report, once the graft is done: raised if strict and not clean, else loud if not ok.
+
+    A graft that is not ok logs one warning (as ``load_state_dict`` raises and
+    ``from_pretrained`` logs what it initialised); the command line, which prints the
+    report, leaves it out.
+    """
     if strict and not report.clean:
         raise GraftError(report)
+    if report.ok:
+        logger.debug("%s", report.headline())
+    else:
+        logger.warning("%s", report.notice(), extra=IN_REPORT)
     return report
 
 
@@ -328,7 +361,7 @@ def _plain_copy(plan: Plan, report: GraftReport) -> bool:
     layout operations only, with no cast (a cast rounds, or makes the model compute in
     another precision than its source).
     """
-    return (report.complete and not report.reinitialised
+    return (report.complete and not report.reinitialised and not report.new
             and all(not step.cast and all(reversible(op) is not None for op in step.ops)
                     for step in plan.steps))
 
@@ -409,15 +442,12 @@ def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
         "tg.open() result) comes first, the model second")
 
 
-def _into_quantized(opened: GraftSource, target: nn.Module, *, strict: bool) -> GraftReport:
+def _into_quantized(opened: GraftSource, target: nn.Module) -> GraftReport:
     """A quantized model takes the same quantized architecture's checkpoint, as stored."""
     try:
-        report = graft_quantized(opened.refs, target)
+        return graft_quantized(opened.refs, target)
     finally:
         opened.close()
-    if strict and not report.clean:
-        raise GraftError(report)
-    return report
 
 
 def _with_own_renames(rules: RulesSpec, target: nn.Module, walked: Walked,

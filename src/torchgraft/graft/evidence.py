@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["EXIT_CODES", "NAME_STEPS", "ROTARY_ALTERNATIVE", "SETTLE", "SIBLINGS", "Assumption",
-           "Evidence", "Guess", "MatchStep", "TextEnum", "Verdict", "rotary_alternatives"]
+__all__ = ["COMPARE", "EXIT_CODES", "NAME_STEPS", "ROTARY_ALTERNATIVE", "SETTLE", "SIBLINGS",
+           "Assumption", "Caution", "Evidence", "Guess", "MatchStep", "TextEnum", "Verdict",
+           "rotary_alternatives"]
 
 
 class TextEnum(str, Enum):
@@ -74,9 +75,25 @@ class Verdict(TextEnum):
 #: The CLI's exit code for each verdict (2 is bad input).
 EXIT_CODES = {Verdict.OK: 0, Verdict.INCOMPLETE: 1, Verdict.UNVERIFIED: 3, Verdict.DIVERGED: 4}
 
+#: How to compare outputs, in the library's words with the command line's beside them (the
+#: command line shows its own alone: :func:`torchgraft.cli.words.cli_words`). Both work as
+#: written: inputs are generated from the models where none are given.
+COMPARE = ("compare outputs with the source's own model: source_model= (CLI: --verify "
+           "--source-model MODULE:FACTORY), on inputs generated from the models or given as "
+           "example_inputs= (CLI: --inputs FILE or --input-shape N,C,H,W)")
+
 #: How a guess can be settled, the same for every guess.
-SETTLE = ("give example_inputs (and a source module or source_model=) so outputs are compared, "
-          "or a rule that names its source")
+SETTLE = f"{COMPARE}; or name each key's source with rules= (CLI: --rules FILE)"
+
+
+class Caution(str):
+    """A warning that outputs compared equal settle: the report drops it once they are.
+
+    (The rotary order kept where one side's naming family is unknown: equal outputs show it
+    was the right one.)
+    """
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,9 @@ def _check(reversed_: Reversed, plan: Plan, guesses: list[str], *,
     if guesses and not allow_incomplete:
         raise TorchgraftError(
             f"{len(guesses)} of the model's tensors were paired with the checkpoint's layout by "
-            f"a guess ('{guesses[0]}': {plan.guesses[guesses[0]].why}): settle them by a graft "
-            "whose outputs were compared (report = tg.graft(checkpoint, model, verify=True); "
-            "layout_of=report) or rules that name them, or pass allow_incomplete=True (CLI: "
+            f"a guess ('{guesses[0]}': {plan.guesses[guesses[0]].why}): settle them with rules "
+            "that name them (CLI: --layout-rules FILE), or, in Python, pass as layout_of the "
+            "report of a graft whose outputs were compared; or pass allow_incomplete=True (CLI: "
             "--allow-incomplete) to write the file anyway")
     if problems:
         logger.warning("written without %d keys of the checkpoint's layout: %s", len(problems),

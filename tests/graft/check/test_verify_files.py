@@ -26,11 +26,11 @@ from tests.graft.pairs.codebases import (
     hf_llama,
     meta_llama,
     nanogpt,
-    randomise,
 )
 from tests.graft.pairs.codebases import (
     Inputs as PairInputs,
 )
+from tests.graft.pairs.values import randomise
 
 TOKENS = PairInputs.make().tokens
 

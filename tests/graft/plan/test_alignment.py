@@ -247,3 +247,19 @@ def test_a_naming_family_one_module_deeper_is_still_recognised() -> None:
         assert torch.allclose(blind(tokens), source(tokens).logits, atol=1e-5)
     twin = model(halves=True)
     assert not tg.graft(source, twin).ok
+
+
+def test_a_guess_names_only_the_signals_that_told_it_apart(tmp_path: Path) -> None:
+    """A ViT's LayerNorms were told apart by the roles in their names: no convolution is said.
+
+    The control: EfficientNet's norms, told apart by numbers and their convolutions, say so."""
+    vit = graft_case(_pair("timm ViT -> transformers ViT"), "safetensors", tmp_path)
+    whys = {g.why for g in vit.report.guesses.values()}
+    assert whys and all("(the roles in their names)" in why and "convolution" not in why
+                        for why in whys), whys
+    assert "convolution" not in str(vit.report) + vit.report.details()
+    (tmp_path / "efficientnet").mkdir()
+    efficientnet = graft_case(_pair(_EFFICIENTNET[0], "efficientnet_pytorch"), "safetensors",
+                              tmp_path / "efficientnet")
+    assert all("a norm right after its convolution" in g.why
+               for g in efficientnet.report.guesses.values())

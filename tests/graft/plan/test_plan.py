@@ -93,7 +93,7 @@ def test_adaptations_and_their_messages() -> None:
     strict = build_plan(src, dst, adapt=False)
     assert strict.missing["fc.weight"] == (
         "Cannot load 'fc.weight': checkpoint has (1000, 8) ('fc.weight'), model expects (21, 8)."
-        " Pass adapt=True to re-initialise it, or a rule that drops it.")
+        " Without adapt=False (CLI: --no-adapt) it is re-initialised; or add a rule that drops it.")
     odd = build_plan(side({"fc.weight": (5, 9)}), side({"fc.weight": (6, 8)}))
     assert "another configuration" in odd.missing["fc.weight"]  # its input width differs
 

@@ -275,7 +275,7 @@ def _shapes(run: Run) -> str:
 
 def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
             target_inputs: Any, *, module_map: Mapping[str, str],
-            rtol: float = 1e-4) -> Verification:
+            rtol: float = 1e-4, outputs: bool = True) -> Verification:
     """Run both models (in eval mode) and compare what corresponds; find where they diverge.
 
     Args:
@@ -285,6 +285,9 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
         target_inputs: The model's.
         module_map: Target module path to the source module path that filled it.
         rtol: Tolerance relative to the source's largest magnitude.
+        outputs: Whether outputs may be compared: ``False`` where the model has parts of its
+            own (declared new), which compute something the source never did; then the last
+            paired module's activation is.
 
     Returns:
         The comparison: of the first output of the model that corresponds to one of the
@@ -296,7 +299,7 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
     """
     first = source if isinstance(source, Run) else run_recorded(source, source_inputs)
     second = run_recorded(target, target_inputs)
-    pair = _output_pair(first, second)
+    pair = _output_pair(first, second) if outputs else None
     compared = "outputs"
     uncovered: tuple[str, ...] = ()
     if pair is None:
@@ -307,8 +310,9 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
                                 "does any paired module's activation")
         path, source_path, uncovered = found
         pair = first.seen[source_path], second.seen[path]
-        compared = (f"the activations of '{path}' (filled from '{source_path}'), as no "
-                    f"output corresponds ({_shapes(second)} against {_shapes(first)})")
+        why = (f"no output corresponds ({_shapes(second)} against {_shapes(first)})"
+               if outputs else "the model has parts of its own, declared new")
+        compared = f"the activations of '{path}' (filled from '{source_path}'), as {why}"
     a, b = pair
     diff = _max_diff(a, b) if a.numel() else 0.0
     tolerance = rtol * float(a.double().abs().max()) if a.numel() else 0.0

@@ -5,8 +5,9 @@ the same checkpoint.
 
 :func:`reference_for` decides, from what the caller gave, whether there is anything to compare
 with: a source module with inputs; ``source_model=``; a checkpoint folder whose ``config.json``
-names a transformers class. Inputs are the caller's, else generated from the config and bound
-to each model's ``forward`` by argument name.
+names a transformers class. Inputs are the caller's, else generated from the config, else (where
+the caller asked for a comparison: ``source_model=``, ``verify=True``, or a folder's model) from
+the models' first modules, and bound to each model's ``forward`` by argument name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from torch import nn
 from ...errors import TorchgraftError
 from ...renames import Rule
 from ..report.report import GraftReport
-from ..sides.inputs import Inputs, bind, by_role, from_config
+from ..sides.inputs import Inputs, bind, by_role, describe_inputs, from_config, from_modules
 from .compare import Call, as_call
 from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
 
@@ -46,8 +47,10 @@ class Reference:
         target_call: The grafted model's inputs.
         names: Source keys (as the plan names them) to the reference model's keys.
         origin: What it is, for the report.
-        generated: Whether the inputs were generated (from a config), not the caller's: a
-            model that cannot run on them is not compared, rather than an error.
+        generated: What the inputs are where they were generated, not the caller's (``from
+            its config: token ids (1, 8)``); empty for the caller's.
+        otherwise: Other inputs to try in turn where a model fails on these (source call,
+            target call, what they are): images of other sizes.
     """
 
     module: nn.Module
@@ -55,7 +58,14 @@ class Reference:
     target_call: Call
     names: dict[str, str]
     origin: str
-    generated: bool = False
+    generated: str = ""
+    otherwise: tuple[tuple[Call, Call, str], ...] = ()
+
+    def tries(self) -> list[Reference]:
+        """This reference, then the same with each other inputs, in the order to try them."""
+        return [self, *(replace(self, source_call=source, target_call=target,
+                                generated=generated, otherwise=())
+                        for source, target, generated in self.otherwise)]
 
 
 @dataclass(frozen=True)
@@ -80,10 +90,10 @@ def _give_up(warnings: list[str], why: str) -> None:
 
 
 #: What ``verify=True`` is told when there is nothing to compare with.
-_NOTHING = ("verify=True needs something to compare with: a source module with "
-            "example_inputs, source_model= (a module of the source's code base, or a "
-            "callable that builds one), or a checkpoint folder whose config.json names a "
-            "transformers class (with transformers installed)")
+_NOTHING = ("verify=True needs something to compare with: source_model= (CLI: --source-model "
+            "MODULE:FACTORY; a model of the source's code base, or what builds one), a source "
+            "module, or a checkpoint folder whose config.json names a transformers class (with "
+            "transformers installed)")
 
 
 def expect_reference(source: Any, module: nn.Module | None, want: Want) -> None:
@@ -104,9 +114,10 @@ def expect_reference(source: Any, module: nn.Module | None, want: Want) -> None:
     if want.verify is not True:
         return
     if module is not None:
-        if want.example_inputs is None and not want.roles:
-            raise TorchgraftError("verify=True: the source module describes no inputs; pass "
-                                  "example_inputs (and source_inputs)")
+        if want.example_inputs is None and not want.roles and not from_modules(module):
+            raise TorchgraftError("verify=True: no inputs can be generated for the source "
+                                  "module (no nn.Embedding, convolution or nn.Linear says what "
+                                  "it takes); pass example_inputs= (and source_inputs=)")
         return
     try:
         candidate = _candidate(source, want)
@@ -168,35 +179,60 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
                            f"({filled.headline()})")
         return None
     names = {source_key: key for key, source_key in filled.mapping.items()}
+    config = candidate.inputs or _from_module_config(built)
     return _with_inputs(built, target, want, names, candidate.origin,
-                        want.roles or candidate.inputs or _from_module_config(built), warnings)
+                        want.roles or config, warnings, "from its config" if config else "")
 
 
 def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
-                 origin: str, roles: Inputs | None, warnings: list[str]) -> Reference | None:
+                 origin: str, roles: Inputs | None, warnings: list[str],
+                 made: str = "") -> Reference | None:
     """The reference with the caller's inputs, else ``roles``, bound to each forward by name.
 
     The caller's inputs as a mapping of argument names are bound to each model's ``forward``
-    by name too (``input_ids`` goes to ``idx`` where that model calls it so).
+    by name too (``input_ids`` goes to ``idx`` where that model calls it so). Without any,
+    where the caller asked for a comparison (``verify=True``, or a model of the source's
+    code base), inputs are generated from the models' first modules, each to try in turn.
+
+    Args:
+        module: The reference model.
+        target: The grafted model.
+        want: What the caller asked.
+        names: Source keys to the reference model's keys.
+        origin: What the reference is.
+        roles: Inputs by role (the caller's, or generated from a config).
+        warnings: Where to say why outputs are not compared.
+        made: Where ``roles`` were generated from (empty: the caller's).
     """
     if want.example_inputs is not None and not (
             isinstance(want.example_inputs, Mapping) and want.source_inputs is want.example_inputs):
         return Reference(module, as_call(want.source_inputs), as_call(want.example_inputs),
                          names, origin)
     if want.example_inputs is not None:
-        roles = by_role(want.example_inputs)
-    if not roles:
+        roles, made = by_role(want.example_inputs), ""
+    tries = [(roles, f"{made}: {describe_inputs(roles)}" if made else "")] if roles else []
+    if not tries and (want.verify is True or names):
+        tries = [(inputs, f"from the models: {describe_inputs(inputs)}")
+                 for inputs in from_modules(module, target)]
+    if not tries:
         if want.verify is True or names:
-            _give_up(warnings, f"{origin} describes no inputs; pass example_inputs (and "
-                               "source_inputs)")
+            _give_up(warnings, f"no inputs can be generated for {origin} (no nn.Embedding, "
+                               "convolution or nn.Linear says what it takes); give them as "
+                               "example_inputs= (CLI: --inputs FILE or --input-shape N,C,H,W)")
         return None
-    try:
-        calls = bind(module, roles), bind(target, roles)
-    except TorchgraftError as exc:
-        _give_up(warnings, str(exc))
+    bound: list[tuple[Call, Call, str]] = []
+    failed: list[str] = []
+    for inputs, what in tries:
+        try:
+            bound.append((bind(module, inputs), bind(target, inputs), what))
+        except TorchgraftError as exc:
+            failed.append(str(exc))
+    if not bound:
+        _give_up(warnings, "; ".join(dict.fromkeys(failed)))
         return None
-    return Reference(module, calls[0], calls[1], names, origin,
-                     generated=want.example_inputs is None and want.roles is None)
+    (source_call, target_call, generated), *otherwise = bound
+    return Reference(module, source_call, target_call, names, origin, generated,
+                     tuple(otherwise))
 
 
 def _from_module_config(module: nn.Module) -> Inputs:
@@ -214,8 +250,8 @@ def _unbuilt_config(source: Any, warnings: list[str]) -> None:
     if (folder / "config.json").is_file():
         warnings.append(f"outputs were not compared: {folder / 'config.json'} names no "
                         "transformers class torchgraft builds (another library's config, "
-                        "remote code, or transformers not installed); pass source_model= "
-                        "(and example_inputs) to compare")
+                        "remote code, or transformers not installed); give source_model= "
+                        "(CLI: --source-model MODULE:FACTORY) to compare")
 
 
 def _candidate(source: Any, want: Want) -> SourceModel | None:

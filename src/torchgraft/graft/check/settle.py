@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ...errors import TorchgraftError
+from ...logs import IN_REPORT
 from ..evidence import ROTARY_ALTERNATIVE, Evidence
 from ..layouts.conventions import unit_of
 from ..layouts.glu import PARTS_REORDERED
@@ -35,7 +36,7 @@ from ..report.report import GraftReport
 from ..sides.heads import model_heads
 from ..sides.model import state_tensors
 from ..tensors import TensorInfo
-from .compare import Run, Verification, compare, differ, run_recorded
+from .compare import NotComparable, Run, Verification, compare, differ, run_recorded
 from .reference import Reference
 
 __all__ = ["Hypothesis", "RowOrder", "hypotheses", "verify_graft"]
@@ -473,15 +474,11 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         reference: What to compare with.
         rtol: Tolerance relative to the reference output's largest magnitude.
     """
-    try:
-        source = run_recorded(reference.module, reference.source_call)
-        result = compare(source, target, None, reference.target_call,
-                         module_map=_module_map(report, plan, reference.names), rtol=rtol)
-    except TorchgraftError as exc:
-        on = " on inputs generated from its config" if reference.generated else ""
-        report.warnings.append(f"outputs were not compared with {reference.origin}{on}: {exc}")
-        logger.warning("%s", report.warnings[-1])
+    first = _first_run(report, plan, target, reference, rtol)
+    if first is None:
+        logger.warning("%s", report.warnings[-1], extra=IN_REPORT)
         return
+    reference, source, result = first
     kept: list[Hypothesis] = []
     tried: dict[tuple[str, str], str] = {}
     while result.divergence is not None and result.unit is not None and len(kept) < MAX_UNITS:
@@ -494,12 +491,45 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
         try:
             result = compare(source, target, None, reference.target_call,
                              module_map=_module_map(report, plan, reference.names, reordered),
-                             rtol=rtol)
+                             rtol=rtol, outputs=not report.new)
         except TorchgraftError as exc:  # it ran with the hypothesis once: not expected
             report.warnings.append(f"outputs could not be compared again after settling: {exc}")
             break
     report.tried = [f"{name}: {outcome}" for (_, name), outcome in tried.items()]
     _record(report, result, reference, [h.name for h in kept])
+
+
+def _first_run(report: GraftReport, plan: Plan, target: nn.Module, reference: Reference,
+               rtol: float) -> tuple[Reference, Run, Verification] | None:
+    """The first comparison the models run for: the inputs given, or each generated in turn.
+
+    Generated inputs are tried until both models run on them (images of another size...).
+    Where the models fail on every one, or nothing of their outputs corresponds, the report
+    says why in a warning (the verdict stays as the file earned it).
+
+    Returns:
+        The reference with the inputs used, the source's run, and the comparison; ``None``
+        when outputs were not compared.
+    """
+    failures: list[str] = []
+    for tried in reference.tries():
+        try:
+            source = run_recorded(tried.module, tried.source_call)
+            return tried, source, compare(
+                source, target, None, tried.target_call, rtol=rtol, outputs=not report.new,
+                module_map=_module_map(report, plan, tried.names))
+        except NotComparable as exc:  # the models ran: other inputs would not help
+            report.warnings.append(f"outputs were not compared with {reference.origin}: {exc}")
+            return None
+        except TorchgraftError as exc:
+            failures.append(f"{exc} (on inputs generated {tried.generated})"
+                            if tried.generated else str(exc))
+    every = "the models fail on every input generated: " if len(failures) > 1 else ""
+    give = ("; give inputs the models take: example_inputs= (CLI: --inputs FILE or "
+            "--input-shape N,C,H,W)" if reference.generated else "")
+    report.warnings.append(f"outputs were not compared with {reference.origin}: {every}"
+                           f"{'; '.join(failures)}{give}")
+    return None
 
 
 def _record(report: GraftReport, result: Verification, reference: Reference,
@@ -511,6 +541,7 @@ def _record(report: GraftReport, result: Verification, reference: Reference,
         report.warnings.append(f"compared {result.compared}")
     if result.divergence is not None:
         tried = f"; {len(report.tried)} hypotheses tried" if report.tried else ""
+        report.diverged_at = result.unit[0] if result.unit is not None else None
         report.divergence = (f"{result.divergence}; {result.compared} differ by "
                              f"{result.max_abs_diff:.3g} (tolerance {result.tolerance:.3g}) "
                              f"from {reference.origin}'s{tried}")

@@ -41,7 +41,16 @@ from dataclasses import replace
 
 from ...renames import rename
 from ...wrappers import strip_wrappers
-from ..evidence import SIBLINGS, Assumption, Evidence, Guess, MatchStep, rotary_alternatives
+from ..evidence import (
+    COMPARE,
+    SIBLINGS,
+    Assumption,
+    Caution,
+    Evidence,
+    Guess,
+    MatchStep,
+    rotary_alternatives,
+)
 from ..layouts import ops
 from ..layouts.catalogue import rotary_warning
 from ..layouts.conventions import role_of
@@ -220,7 +229,7 @@ def rotary(state: PassState) -> None:
     if not warning:
         return
     plan, pairs = state.plan, state.pairs
-    plan.warnings.append(warning)
+    plan.warnings.append(Caution(warning))  # equal outputs settle it
     why = ("one side is a rotary (RoPE) family and the other is not known: the rows may be in "
            "the other rotary order")
     for target in structural:
@@ -311,9 +320,7 @@ _COMPUTED = ("its value as the model was built (a buffer the checkpoint lacks; m
 #: What the assumption of the model's own values for keys the checkpoint lacks is called.
 KEPT_VALUES = "value of tensors the checkpoint lacks"
 #: How to settle kept buffers.
-_COMPUTED_SETTLE = ("compare outputs: example_inputs= with a source module, source_model=, or "
-                    "the source's saved folder with its config.json (CLI: --verify with --inputs "
-                    "or --source-model)")
+_COMPUTED_SETTLE = COMPARE
 #: A norm's running statistics: learned in training, never a value of the configuration.
 _STATISTICS = re.compile(r"(^|\.)running_(mean|var)$")
 
@@ -358,9 +365,7 @@ def _surplus(plan: Plan, used: set[str]) -> None:
 _LAYOUT_OPS = (ops.Transpose, ops.Permute, ops.RotaryRows)
 #: What the assumption of a naming family's rotary order is called, and how to settle it.
 ROTARY_ORDER = "rotary row order"
-ROTARY_SETTLE = ("compare outputs: example_inputs= with a source module, source_model=, or the "
-                 "source's saved folder with its config.json (CLI: --verify with --inputs or "
-                 "--source-model); a wrong order is then found and undone")
+ROTARY_SETTLE = COMPARE  # a wrong order is then found and undone
 
 
 def _across(state: PassState) -> bool:
@@ -418,8 +423,7 @@ def assumptions(state: PassState) -> None:
             f"{len(siblings)} keys paired as their names' conventions say (e.g. "
             f"'{siblings[0].target}' <- '{siblings[0].source}')",
             "the checkpoint is from another code base, and only the two code bases' "
-            "conventions (numbers and roles in names, a norm right after its convolution in "
-            "stored order) told these same-shape modules apart"))
+            "conventions told these same-shape modules apart (each guess says which)"))
 
 
 def _inferred(state: PassState) -> bool:

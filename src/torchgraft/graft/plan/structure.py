@@ -720,10 +720,13 @@ def _repair_numbers(pairs: dict[int, int], scope: _Scope, *, target_side: bool) 
             _set(pairs, i, k, target_side=target_side)
 
 
-#: Why a swap is ruled out: by conventions of code bases (roles and numbers in names, a norm
-#: right after its convolution in stored order), or by the models' own structure (a norm's
-#: convolution, the only one of its width under its parent, paired).
-CONVENTION, STRUCTURE = "convention", "structure"
+#: Why a swap is ruled out by the models' own structure (a norm's convolution, the only one of
+#: its width under its parent, paired); else by conventions of code bases, said as the signals
+#: that told the pairs apart (:data:`ROLES`, :data:`NUMBERS`, :data:`AFTER_CONVOLUTION`).
+STRUCTURE = "structure"
+#: The conventions of code bases a guess's reason names: only those that told its pair apart.
+ROLES, NUMBERS = "the roles in their names", "the numbers in their names"
+AFTER_CONVOLUTION = "a norm right after its convolution in stored order"
 
 
 #: A part of a fused tensor split by torchgraft (``mlp.gate_up_proj[1]``).
@@ -739,31 +742,47 @@ def _ruled_out(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> str | N
     both sides' siblings differ by) and the order both sides really store their modules in (a
     file's, a model's; a norm right after its convolution). Two families that agree, none
     against, are evidence: :data:`STRUCTURE`. One alone, or one against another, is a
-    convention of code bases: :data:`CONVENTION`.
+    convention of code bases, said as the signals that told the pairs apart.
 
     Returns:
-        :data:`STRUCTURE` or :data:`CONVENTION`, else ``None`` (nothing tells them apart).
+        :data:`STRUCTURE`, or the conventions that singled ``p`` out (``"the numbers in their
+        names"``), else ``None`` (nothing tells them apart).
     """
     found = _by_roles_and_convolutions(scope, p, q)
     if found == STRUCTURE:
         return STRUCTURE
-    names, order = found == _NAMES, found == _ORDER
+    numbers = _by_numbers(scope, p, q)
+    names = found == _NAMES or numbers == [NUMBERS]
+    order = found == _ORDER or len(numbers) > 1
+    signals = [ROLES] if found == _NAMES else [AFTER_CONVOLUTION] if found == _ORDER else []
+    said = " and ".join(dict.fromkeys(signals + numbers))
+    stored = _stored_order(scope, p, q)
+    if stored is False and (names or order):  # the names say one thing, the order another
+        return f"{said}, against the order both sides store them in"
+    if stored and names:
+        return STRUCTURE
+    return said if names or order else None
+
+
+def _by_numbers(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> list[str]:
+    """What numbers in names say for ``p`` against ``q``: the signals that agree, or none.
+
+    Numbers on both sides (siblings that differ only by them, in the same order):
+    :data:`NUMBERS`, a family of names. Numbers on one side and, on the other, norms that
+    each follow their convolution in a real order: both signals, a family of order. Order
+    alone, or numbers against the convolutions, says nothing.
+    """
     own, other = scope.own, scope.other
     (i, k), (i2, k2) = p, q
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
     numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
     against = _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False
-    if any(numbered) and not against:  # order alone, or against the convolutions, says nothing
-        before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
-        if before is not None and before == after:
-            names = names or all(numbered)
-            order = order or not all(numbered)
-    stored = _stored_order(scope, p, q)
-    if stored is False and (names or order):
-        return CONVENTION  # the names say one thing, the order another
-    if stored and names:
-        return STRUCTURE
-    return CONVENTION if names or order else None
+    if not any(numbered) or against:
+        return []
+    before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
+    if before is None or before != after:
+        return []
+    return [NUMBERS] if all(numbered) else [NUMBERS, AFTER_CONVOLUTION]
 
 
 #: Which family of signals :func:`_by_roles_and_convolutions` found (both: names).
@@ -850,7 +869,7 @@ class _Judge:
                  trust_conventions: bool = True) -> None:
         self.aligner, self.ua, self.ub = aligner, ua, ub
         self.trust_conventions = trust_conventions
-        self.by_convention: set[int] = set()
+        self.by_convention: dict[int, str] = {}  # group to the conventions that told it apart
         self.free: dict[str, list[int]] = {}
         for j in aligner._free()[1]:
             self.free.setdefault(ub.block[j], []).append(j)
@@ -880,9 +899,9 @@ class _Judge:
                 why = _ruled_out(scope, p, q)
                 if why is None:
                     found.setdefault(i, []).append(j2)
-                elif why == CONVENTION and not self.trust_conventions:
+                elif why != STRUCTURE and not self.trust_conventions:
                     found.setdefault(i, []).append(j2)
-                    self.by_convention.add(i)
+                    self.by_convention.setdefault(i, why)
         return found
 
     def guesses(self) -> dict[int, list[int]]:
@@ -1000,10 +1019,9 @@ def _by_role(aligner: _Aligner, rows: list[int], cols: list[int], ua: _Units,
 
 
 def _guess(a: _Group, b: list[_Group], others: list[int], leaf: str, *,
-           convention: bool = False) -> Guess:
+           convention: str | None = None) -> Guess:
     why = (f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and only two "
-           "code bases' conventions (numbers and roles in names, a norm right after its "
-           "convolution in stored order) tell which is which"
+           f"code bases' conventions ({convention}) tell which is which"
            if convention else
            f"{len(others) + 1} modules of the checkpoint's block fit '{a.path}' and neither "
            "their names nor their numbers tell which is which")
@@ -1062,7 +1080,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
 
 
 def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
-                    by_convention: set[int]) -> Alignment:
+                    by_convention: dict[int, str]) -> Alignment:
     """The tensor pairs of the module pairs, each with its evidence."""
     a, b = aligner.a, aligner.b
     result = Alignment({})
@@ -1075,7 +1093,7 @@ def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
             result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
             if i in guessed:
                 result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2],
-                                                convention=i in by_convention)
+                                                convention=by_convention.get(i))
                 if i in by_convention:
                     result.by_convention.add(target)
     return result

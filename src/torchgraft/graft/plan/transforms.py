@@ -200,7 +200,8 @@ def _refuse(plan: Plan, target: str, source: str, shapes: tuple[tuple[int, ...],
     """Record a target that no adaptation fits, with the reason and the fix."""
     shape, wanted = (_shape_text(s) for s in shapes)
     if not options.adapt:
-        fix = "Pass adapt=True to re-initialise it, or a rule that drops it."
+        fix = ("Without adapt=False (CLI: --no-adapt) it is re-initialised; or add a rule that "
+               "drops it.")
     else:  # rows of a head or an embedding, a first convolution's inputs: adapted above
         fix = ("A width inside the network differs: the checkpoint is another configuration "
                "of the architecture (build the model with the checkpoint's sizes), or add a "

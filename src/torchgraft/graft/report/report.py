@@ -12,17 +12,26 @@ from typing import Any
 
 from ...atomic import atomic_path
 from ...errors import TorchgraftError
-from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Evidence, Guess, Verdict
+from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Guess, Verdict
 from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
 from ..tensors import TensorInfo
 from .html import describe, render_html
+from .summary import as_text, detail_rows, summary_rows
 
 __all__ = ["GraftError", "GraftReport"]
 
+#: How to declare parts of the model new, and how to name what the checkpoint calls otherwise.
+_COMPLETE = ("declare parts new on purpose with new= (CLI: --new PATTERN), or name their "
+             "sources with rules= (CLI: --rules FILE)")
 
-@dataclass
+
+@dataclass(repr=False)
 class GraftReport:
     """What a graft did, per key.
+
+    ``str(report)`` is a summary of a few lines (counts per matching step, one line per
+    module that needs a look, how to settle); :meth:`details` lists every key; ``repr`` is
+    one line.
 
     Attributes:
         loaded: Target keys filled, in the target's order.
@@ -37,11 +46,16 @@ class GraftReport:
             checkpoint's: a new classifier head. Handled: it does not make the report not ok
             (``strict=True`` still raises for it).
         tied: Target key to the key it is tied to (the same Parameter), filled once through it.
+        new: Target key the caller declared new (``new=``) that the checkpoint does not fill,
+            to how it is initialised (as the model's code made it, or as ``init=`` says); not
+            missing.
         warnings: What torchgraft could not be sure of, in words.
         max_abs_diff: When outputs were compared (``verify``): the largest output difference
             between the source module and the model.
         divergence: When outputs were compared and differ beyond tolerance: where activations
             first diverge. The report is then not ok.
+        diverged_at: With ``divergence``: the model's module whose activations diverge
+            first, where one does (``None`` when only the outputs differ).
         not_in_adapter: When a PEFT adapter was grafted: the model's base weights, which an
             adapter never holds; not missing (the report is scoped to the adapter's keys).
         evidence: Loaded key to how it is known (:class:`Evidence`): ``name``, ``structure``,
@@ -80,9 +94,11 @@ class GraftReport:
     reasons: dict[str, str] = field(default_factory=dict)
     reinitialised: dict[str, str] = field(default_factory=dict)
     tied: dict[str, str] = field(default_factory=dict)
+    new: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     max_abs_diff: float | None = None
     divergence: str | None = None
+    diverged_at: str | None = None
     not_in_adapter: list[str] = field(default_factory=list)
     evidence: dict[str, Evidence] = field(default_factory=dict)
     guesses: dict[str, Guess] = field(default_factory=dict)
@@ -157,16 +173,21 @@ class GraftReport:
             self.evidence.pop(key, None)
             self.guesses.pop(key, None)
             self.tied.pop(key, None)
+            self.new.pop(key, None)
         known = set(self.missing)
         self.missing += [key for key in reasons if key not in known]
         self.reasons.update(reasons)
 
     def mark_verified(self) -> None:
-        """Outputs were compared equal: every loaded key is ``verified``, no guess is left."""
+        """Outputs were compared equal: every loaded key is ``verified``, no guess is left.
+
+        Warnings that equal outputs settle (:class:`~torchgraft.graft.evidence.Caution`) go.
+        """
         self.evidence = dict.fromkeys(self.evidence, Evidence.VERIFIED)
         self.guesses.clear()
         self.surplus.clear()
         self.assumptions.clear()
+        self.warnings = [w for w in self.warnings if not isinstance(w, Caution)]
 
     @property
     def verdict(self) -> Verdict:
@@ -207,7 +228,7 @@ class GraftReport:
     def clean(self) -> bool:
         """True when nothing is missing, unused or re-initialised: what strict needs.
 
-        Bookkeeping buffers aside.
+        Bookkeeping buffers aside; parts declared new (``new=``) are new on purpose.
         """
         return (self.ok and not self.reinitialised
                 and not [k for k in self.unused if not is_bookkeeping(k)])
@@ -221,6 +242,7 @@ class GraftReport:
             "adapted": len(self.adapted),
             "reinitialised": len(self.reinitialised),
             "tied": len(self.tied),
+            "new": len(self.new),
             "missing": len(self.missing),
             "unused": len(self.unused),
             "not in adapter": len(self.not_in_adapter),
@@ -239,9 +261,10 @@ class GraftReport:
                 "loaded": self.loaded,
                 "mapping": self.mapping, "matched_by": self.matched_by, "adapted": self.adapted,
                 "missing": self.missing, "unused": self.unused, "reasons": self.reasons,
-                "reinitialised": self.reinitialised, "tied": self.tied,
+                "reinitialised": self.reinitialised, "tied": self.tied, "new": self.new,
                 "warnings": self.warnings, "max_abs_diff": self.max_abs_diff,
-                "divergence": self.divergence, "not_in_adapter": self.not_in_adapter,
+                "divergence": self.divergence, "diverged_at": self.diverged_at,
+                "not_in_adapter": self.not_in_adapter,
                 "verified_with": self.verified_with, "settled": self.settled,
                 "initialised": self.initialised, "tried": self.tried}
 
@@ -280,27 +303,63 @@ class GraftReport:
                  for k, g in self.guesses.items()]
         rows += [("reinit", k, self.reinitialised[k]) for k in self.reinitialised]
         rows += [("tied", k, f"= {v}") for k, v in self.tied.items()]
+        rows += [("new", k, how) for k, how in self.new.items()]
         rows += [("missing", k, self.reasons[k]) for k in self.missing]
         rows += [("surplus" if k in self.surplus else "unused", k,
                   self.surplus.get(k, self.reasons[k]))
                  for k in self.unused if k not in self.missing]
         rows += [("base", k, self.reasons[k]) for k in self.not_in_adapter]
         rows += [("init", k, f"computed by the model's code: {how}")
-                 for k, how in self.initialised.items() if k not in self.missing]
+                 for k, how in self.initialised.items() if k not in self.missing
+                 and k not in self.new]
         return rows
 
     def settle(self) -> str:
-        """Why the verdict is unverified and how to settle it, in one line (or empty)."""
-        parts = [f"the {a.what} was assumed ({a.assumed}); to settle it, {a.settle}"
+        """What is not certain and how to settle it, in one line (or empty).
+
+        Unverified: what was assumed or guessed, and how to settle it (compare outputs...).
+        Diverged: outputs were compared, so what is left is to name sources or configurations.
+        Each way is said in the library's words with the command line's beside them.
+        """
+        if self.divergence is not None:
+            tried = "the hypotheses tried did not make them agree; " if self.tried else ""
+            return (f"outputs were compared and differ; {tried}name each key's source with "
+                    "rules= (CLI: --rules FILE), or build the model with the source's "
+                    "configuration (widths, head counts, norms)")
+        parts = [f"the {a.what} was assumed ({a.assumed})"
                  for a in self.assumptions if a.what != SIBLINGS]
+        ways = [a.settle for a in self.assumptions if a.what != SIBLINGS]
         if self.guesses:
-            ways = dict.fromkeys(g.settle for g in self.guesses.values())
             parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
-                         f"candidates; to settle them, {'; or '.join(ways)}")
+                         "candidates")
+            ways += [g.settle for g in self.guesses.values()]
         if self.surplus:
-            parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks: "
-                         "another configuration, or a rule that drops them says it is meant")
-        return "; ".join(parts)
+            parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks")
+            ways.append("build the model with the checkpoint's configuration, or drop them "
+                        "on purpose with a rule (rules=, CLI: --rules FILE)")
+        if not parts:
+            return ""
+        each = dict.fromkeys(way for ways_of in ways for way in ways_of.split("; or "))
+        return f"{'; '.join(parts)}; to settle: {'; or '.join(each)}"
+
+    def notice(self) -> str:
+        """The warning a graft that is not ok logs: verdict, counts and what to do (or empty).
+
+        Two lines: the headline, then the first missing key or the divergence, and how to
+        settle; :meth:`__str__` and :meth:`details` say more.
+        """
+        if self.ok:
+            return ""
+        missing = [k for k in self.missing if not is_bookkeeping(k)]
+        if self.divergence is None and missing:
+            what = (f"'{missing[0]}'{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
+                    f" missing ({self.reasons[missing[0]]}); {_COMPLETE}")
+        elif self.divergence is not None:
+            what = f"{self.divergence}; {self.settle()}"
+        else:
+            what = self.settle()
+        return (f"{self.headline()}\n  {what} (print(report) shows a summary, report.details() "
+                "every key)")
 
     def headline(self) -> str:
         """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).
@@ -312,19 +371,17 @@ class GraftReport:
         return f"graft {verdict.value if self.ok else verdict.value.upper()}: {counts}"
 
     def __str__(self) -> str:
-        head = self.headline()
-        if self.max_abs_diff is not None:
-            head += f"; max |output difference| = {self.max_abs_diff:.3g}"
-            head += f" (compared with {self.verified_with})" if self.verified_with else ""
-        tail = [f"  assumed   {a.describe()}" for a in self.assumptions]
-        tail += [f"  settled   {s}" for s in self.settled]
-        tail += [f"  tried     {t}" for t in self.tried] + [
-            f"  warning   {w}" for w in self.warnings]
-        if self.settle():
-            tail.insert(0, f"  settle    {self.settle()}")
-        if self.divergence:
-            tail.insert(0, f"  diverged  {self.divergence}")
-        return "\n".join([head, *(f"  {s:<9} {k}  {d}" for s, k, d in self.lines()), *tail])
+        """A summary: the headline, counts per matching step, modules that need a look."""
+        return as_text(self.headline(), summary_rows(self))
+
+    def __repr__(self) -> str:
+        """One line: the class, the verdict and the counts (no zeros)."""
+        counts = ", ".join(f"{k.replace(' ', '_')}={v}" for k, v in self.counts().items() if v)
+        return f"GraftReport(verdict='{self.verdict.value}'{', ' if counts else ''}{counts})"
+
+    def details(self) -> str:
+        """Every key not plainly loaded by its exact name, one line each, and every note."""
+        return as_text(self.headline(), detail_rows(self))
 
 
 class GraftError(TorchgraftError):

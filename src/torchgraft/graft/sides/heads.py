@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from ..evidence import Assumption
+from ..evidence import COMPARE, Assumption
 from ..tensors import Side
 
 __all__ = ["HEADS_SETTLE", "HEAD_ATTRIBUTES", "Counts", "Described", "config_heads",
@@ -45,9 +45,8 @@ HEAD_ATTRIBUTES: dict[str, str] = {
 _ORDER = ("heads", "kv heads", "head size")
 
 #: How a head-count assumption is settled.
-HEADS_SETTLE = ("give source_model= (a module of the source's code base, or a callable that "
-                "builds one), graft from its saved folder with its config.json, or compare "
-                "outputs with example_inputs= (CLI: --verify with --inputs or --source-model)")
+HEADS_SETTLE = (f"{COMPARE}; or graft from the source's saved folder, whose config.json "
+                "states it")
 
 #: Count (``heads``, ``kv heads``, ``head size``) to the values a side states.
 Counts = dict[str, frozenset[int]]

@@ -1,4 +1,4 @@
-"""Inputs to compare two models on: generated from a config or read from a file.
+"""Inputs to compare two models on: generated from a config or from the models, or read from a file.
 
 They are bound to each model's own ``forward`` arguments by name.
 
@@ -7,6 +7,12 @@ what a config says (vocabulary size, image size and channels, mel bins and audio
 goes to the ``forward`` argument whose name the role lists (``input_ids``, ``idx``, ``tokens``;
 ``pixel_values``, ``image``...). A ``forward`` with one tensor argument of another name gets
 the one role there is.
+
+Without a config, inputs are generated from the models themselves (:func:`from_modules`):
+token ids in range of the first ``nn.Embedding``, images of the first ``nn.Conv2d``'s channels
+(in a few sizes, the first the models accept is used), audio features of the first
+``nn.Conv1d``'s, features of the first ``nn.Linear``'s width. :func:`of_shape` makes one
+tensor of a shape the user states (the command line's ``--input-shape``).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from torch import nn
 
 from ...errors import TorchgraftError
 
-__all__ = ["ROLES", "InputRole", "Inputs", "bind", "by_role", "from_config", "read_inputs"]
+__all__ = ["AUDIO_LENGTHS", "IMAGE_SIZES", "ROLES", "InputRole", "Inputs", "bind", "by_role",
+           "describe_inputs", "from_config", "from_modules", "of_shape", "read_inputs"]
 
 #: Config keys, searched at the top and in sub-configs (``text_config``...), first found wins.
 Config = Mapping[str, Any]
@@ -154,8 +161,8 @@ def bind(model: nn.Module, inputs: Inputs) -> tuple[tuple[Any, ...], dict[str, A
             if parameter.default is parameter.empty:
                 raise TorchgraftError(
                     f"cannot give {type(model).__name__}.forward its argument "
-                    f"'{parameter.name}': the inputs are {', '.join(inputs) or 'none'}; pass "
-                    "example_inputs (and source_inputs) yourself")
+                    f"'{parameter.name}': the inputs are {', '.join(inputs) or 'none'}; give "
+                    "them as example_inputs= (CLI: --inputs FILE)")
             continue
         left = {k: v for k, v in left.items() if v is not value}
         if parameter.kind is parameter.POSITIONAL_ONLY:
@@ -210,3 +217,121 @@ def by_role(named: Mapping[str, Any]) -> Inputs:
     """
     roles = {argument: role.name for role in ROLES for argument in role.arguments}
     return Inputs({roles.get(name, name): value for name, value in named.items()})
+
+
+#: Image sizes tried for a model whose first module is a 2-D convolution, in turn: a model of
+#: one size (a ViT) takes 224, a small one 64 or 32; a convolutional network takes any.
+IMAGE_SIZES = (224, 64, 32)
+#: Lengths tried for a model whose first module is a 1-D convolution: Whisper's 3000 mel frames,
+#: then shorter.
+AUDIO_LENGTHS = (3000, 1024, 256)
+#: Tokens in generated token ids, and in a generated sequence of features.
+_LENGTH = 8
+#: Modules whose weights say what a model's input is, and the role of what they take.
+_FIRST = ((nn.Embedding, "token ids"), (nn.Conv2d, "pixel values"),
+          (nn.Conv1d, "audio features"), (nn.Linear, "features"))
+
+
+def _floating(module: nn.Module) -> torch.dtype:
+    """The dtype of a module's weight, where floating and real; else float32."""
+    weight = getattr(module, "weight", None)
+    if isinstance(weight, torch.Tensor) and weight.is_floating_point() and not weight.is_meta:
+        return weight.dtype
+    return torch.float32
+
+
+def _vocabulary(models: tuple[nn.Module, ...]) -> int | None:
+    """The smallest first ``nn.Embedding``'s size of the models: ids below it fit each."""
+    sizes = [next((m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)),
+                  None) for model in models]
+    known = [size for size in sizes if size]
+    return min(known) if known else None
+
+
+def _shapes(module: nn.Module) -> list[tuple[int, ...]]:
+    """Input shapes a model whose first such module is ``module`` may take, in turn."""
+    if isinstance(module, nn.Conv2d):
+        return [(1, module.in_channels, size, size) for size in IMAGE_SIZES]
+    if isinstance(module, nn.Conv1d):
+        return [(1, module.in_channels, length) for length in AUDIO_LENGTHS]
+    if isinstance(module, nn.Linear):
+        return [(1, module.in_features), (1, _LENGTH, module.in_features)]
+    return [(1, _LENGTH)]
+
+
+def from_modules(*models: nn.Module, seed: int = 0) -> list[Inputs]:
+    """Inputs the models may take, read from their first modules: each to try in turn.
+
+    The first module of each kind that says what a model's input is, in the first model's
+    order: an ``nn.Embedding`` (token ids below the smallest first embedding of the models),
+    an ``nn.Conv2d`` (images of its channels, :data:`IMAGE_SIZES`), an ``nn.Conv1d`` (audio
+    features of its channels, :data:`AUDIO_LENGTHS`), an ``nn.Linear`` (features of its width,
+    alone or as a sequence). A model whose head comes first in its code still gets its
+    convolution's images, tried after the head's features.
+
+    Args:
+        models: The models that will run on them (the source's first).
+        seed: The generator's seed.
+
+    Returns:
+        One set of inputs per shape to try, in order; empty when no module says.
+    """
+    if not models:
+        return []
+    generator = torch.Generator().manual_seed(seed)
+    firsts: dict[str, nn.Module] = {}
+    for module in models[0].modules():
+        role = next((name for kind, name in _FIRST if isinstance(module, kind)), None)
+        if role is not None:
+            firsts.setdefault(role, module)
+    vocabulary = _vocabulary(models)
+    found = []
+    for role, module in firsts.items():
+        for shape in _shapes(module):
+            if role == "token ids":
+                if vocabulary is None:
+                    continue
+                tensor = torch.randint(0, vocabulary, shape, generator=generator)
+            else:
+                tensor = torch.randn(shape, generator=generator).to(_floating(module))
+            found.append(Inputs({role: tensor}))
+    return found
+
+
+def of_shape(shape: tuple[int, ...], dtype: torch.dtype, model: nn.Module, *,
+             seed: int = 0) -> Inputs:
+    """One input of a shape and dtype the user states, random, named by its role.
+
+    Integer ids are token ids below the model's first ``nn.Embedding``'s size; floating values
+    of four dimensions are pixel values, of three audio features (bound to ``pixel_values``,
+    ``input_features``... by name, or to a ``forward`` of one argument).
+
+    Args:
+        shape: The shape (``(1, 3, 224, 224)``).
+        dtype: Its dtype.
+        model: The model, whose first embedding bounds integer ids.
+        seed: The generator's seed.
+
+    Returns:
+        The input.
+
+    Raises:
+        TorchgraftError: If ids are asked of a model without an embedding.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        role = {4: "pixel values", 3: "audio features"}.get(len(shape), "features")
+        return Inputs({role: torch.randn(shape, generator=generator).to(dtype)})
+    vocabulary = _vocabulary((model,))
+    if vocabulary is None:
+        raise TorchgraftError(f"integer inputs ({dtype}) are token ids below the size of the "
+                              "model's first nn.Embedding, and the model has none; use a "
+                              "floating dtype (CLI: --input-dtype float32)")
+    return Inputs({"token ids": torch.randint(0, vocabulary, shape, generator=generator,
+                                              dtype=dtype)})
+
+
+def describe_inputs(inputs: Inputs) -> str:
+    """Inputs in a few words: ``pixel values (1, 3, 224, 224)``."""
+    return ", ".join(f"{name} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor)
+                     else name for name, tensor in inputs.items())
