@@ -173,7 +173,7 @@ def test_html_report_written_by_the_cli(tmp_path: Path, setup: tuple[Path, Path]
     text = page.read_text()
     assert "http://" not in text and "https://" not in text  # self-contained
     assert text.count('class="t kind-wrapper"') == 2 * 48  # both sides of each renamed tensor
-    assert text.count('class="t kind-reinitialised"') == 2
+    assert text.count('class="t kind-reinitialised look"') == 2  # a new head needs a look
     assert text.count('class="t kind-unused"') == 2  # the old head's rows, not loaded
 
 

@@ -83,6 +83,10 @@ def test_the_printed_advice_is_a_command_that_settles_the_graft(run: Run, folder
     settled = run(*command)
     assert settled.returncode == 0, settled.stdout + settled.stderr
     assert "graft ok" in settled.stdout and "max |output difference| = 0" in settled.stdout
+    # --quiet prints no command: what is not saved says how to settle in flags instead
+    quiet = run(*graft, "--quiet", "--overwrite")
+    assert quiet.returncode == 3 and "command above" not in quiet.stderr, quiet.stderr
+    assert "settle it with --verify --source-model MODULE:FACTORY" in quiet.stderr
     assert out.is_file()
     _no_traceback(settled)
 

@@ -158,6 +158,8 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     source_model = None if source_spec is None else (
         lambda: build_model(source_spec, source_model_kwargs, option="--source-model"))
     saved: Path | None = None
+    settling = (None if quiet or as_json else
+                _settling(source_spec is not None, inputs_path is not None or shape is not None))
     with steps("building the model", quiet=quiet) as shown:
         model = build_model(model_spec, model_kwargs)
         if shape is not None:
@@ -174,7 +176,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
         except GraftError as exc:
             report, failed = exc.report, cli_words(str(exc))
         if failed is None and out is not None and not report.ok and not allow_incomplete:
-            failed = _not_saved(out, report)
+            failed = _not_saved(out, report, command_shown=settling is not None)
         if failed is None and out is not None and not dry_run:
             from ..save import save
 
@@ -192,9 +194,11 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                              "error": failed, "exit_code": code})
         return code
     print_report(console, report, details=details, quiet=quiet)
-    if not quiet and report.verdict == "unverified":
-        _print_settling(console, source_spec is not None,
-                        inputs_path is not None or shape is not None)
+    if settling is not None and report.verdict == "unverified":
+        console.print("to settle it, compare outputs with the source's own model "
+                      "(MODULE:FACTORY builds it, as --model builds yours):", highlight=False,
+                      soft_wrap=True)
+        console.print(f"  {escape(settling)}", highlight=False, soft_wrap=True)
     if failed:
         Console(stderr=True).print(f"[red]{safe_text(failed)}[/red]", highlight=False,
                                    soft_wrap=True)
@@ -223,8 +227,10 @@ def _output(out: Path | None, fmt: str | None, *, dry_run: bool, overwrite: bool
     return output_format(out, fmt, option="--out", choices=list(WRITERS))
 
 
-def _not_saved(out: Path, report: GraftReport) -> str:
-    settle = "settle it with the command above, or " if report.verdict == "unverified" else ""
+def _not_saved(out: Path, report: GraftReport, *, command_shown: bool) -> str:
+    settle = ("" if report.verdict != "unverified" else
+              "settle it with the command above, or " if command_shown else
+              "settle it with --verify --source-model MODULE:FACTORY, or ")
     return (f"not saved to {one_line(str(out))}: the graft is {report.verdict.value.upper()} "
             f"(see above); {settle}--allow-incomplete saves it anyway (exit 5)")
 
@@ -238,15 +244,16 @@ def _of_shape(shape: tuple[int, ...], dtype: str | None, model: nn.Module) -> In
     return of_shape(shape, getattr(torch, dtype or "float32"), model)
 
 
-def _print_settling(console: Console, source_model: bool, inputs: bool) -> None:
-    """The command that settles an unverified graft: the user's, with --verify and its model."""
+def _settling(source_model: bool, inputs: bool) -> str | None:
+    """The command that settles an unverified graft: the user's, with --verify and its model.
+
+    None where it is not printed: outside the command line (a test's CliRunner), nothing to
+    repeat.
+    """
     typed = click.get_current_context().find_root().obj
     if not isinstance(typed, tuple):
-        return  # not run from the command line (a test's CliRunner): nothing to repeat
-    command = settling_command(typed, source_model=source_model, inputs=inputs)
-    console.print("to settle it, compare outputs with the source's own model (MODULE:FACTORY "
-                  "builds it, as --model builds yours):", highlight=False, soft_wrap=True)
-    console.print(f"  {escape(command)}", highlight=False, soft_wrap=True)
+        return None
+    return settling_command(typed, source_model=source_model, inputs=inputs)
 
 
 def _print_outcome(console: Console, out: Path | None, *, saved: bool,

@@ -52,9 +52,10 @@ KINDS: dict[str, str] = {
 }
 #: Evidence for a match, in the order the filters list them (the same words as the tags).
 EVIDENCE = ("name", "structure", "guess", "verified")
-#: What needs a look: keys of these kinds or this evidence, and those under a module whose
-#: activations diverge, are listed first and their modules open.
-ATTENTION = ("missing", "guess", "diverged")
+#: What needs a look: keys of these kinds or this evidence (a re-initialised head holds no
+#: trained values), and those under a module whose activations diverge, are listed first and
+#: their modules open.
+ATTENTION = ("missing", "guess", "diverged", "reinitialised")
 #: The most keys the header lists as needing a look (the filters find the rest).
 _LISTED = 20
 #: Kinds whose reason is shown under the key (a plain load needs none).
@@ -261,6 +262,8 @@ def _needs_look(report: GraftReport, key: str) -> str:
         return "guess"
     if report.diverged_at is not None and key.startswith(f"{report.diverged_at}."):
         return "diverged"
+    if key in report.reinitialised:
+        return "reinitialised"
     return ""
 
 
