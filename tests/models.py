@@ -318,3 +318,15 @@ class RenamedBert(nn.Module):
         for block in self.blocks:
             x = block(x)
         return x
+
+
+class Scaled(nn.Module):
+    """Two linears with the first's output scaled: models of other ``scale`` diverge after
+    ``first`` though every tensor has the same shape and name."""
+
+    def __init__(self, *, scale: float) -> None:
+        super().__init__()
+        self.first, self.second, self.scale = nn.Linear(4, 4), nn.Linear(4, 4), scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x) * self.scale)

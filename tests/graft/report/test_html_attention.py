@@ -15,6 +15,7 @@ from torch import nn
 
 import torchgraft as tg
 from tests.cli.test_report_output import _browser
+from tests.models import Scaled
 
 
 class _Dom(HTMLParser):
@@ -169,24 +170,15 @@ def test_the_guess_filter_hides_guessed_keys_and_their_emptied_modules(
     assert named.module("enc").get("hidden") is None
 
 
-class _Twice(nn.Module):
-    def __init__(self, *, scale: float) -> None:
-        super().__init__()
-        self.first, self.second, self.scale = nn.Linear(4, 4), nn.Linear(4, 4), scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(self.first(x) * self.scale)
-
-
 def test_a_diverged_module_is_open_and_listed(tmp_path: Path) -> None:
-    source, target = _Twice(scale=1.0), _Twice(scale=3.0)
+    source, target = Scaled(scale=1.0), Scaled(scale=3.0)
     report = tg.graft(source, target, example_inputs=(torch.randn(2, 4),), verify=True)
     assert report.diverged_at == "second" and report.divergence is not None
     text = report.to_html(tmp_path / "report.html").read_text()
     assert re.search(r'<li>diverged: <a href="#t\d+">second.weight</a></li>', text)
     assert "<details open><summary>second " in text
     assert "<details><summary>first " in text  # it computes what its source does: collapsed
-    agreeing = tg.graft(source, _Twice(scale=1.0), example_inputs=(torch.randn(2, 4),),
+    agreeing = tg.graft(source, Scaled(scale=1.0), example_inputs=(torch.randn(2, 4),),
                         verify=True)  # the control
     assert agreeing.ok and agreeing.diverged_at is None
     assert "needs a look" not in agreeing.to_html(tmp_path / "ok.html").read_text()

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.models import Scaled
 from torchgraft.graft.report.summary import SHOWN
 
 
@@ -65,18 +66,9 @@ def test_str_is_a_summary_one_line_per_module_details_every_key() -> None:
     assert "guess     ..." not in str(small)  # the control: two modules, none left out
 
 
-class _Twice(nn.Module):
-    def __init__(self, *, scale: float) -> None:
-        super().__init__()
-        self.first, self.second, self.scale = nn.Linear(4, 4), nn.Linear(4, 4), scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(self.first(x) * self.scale)
-
-
 def test_a_diverged_report_does_not_ask_for_inputs_to_compare() -> None:
     inputs = (torch.randn(2, 4),)
-    diverged = tg.graft(_Twice(scale=1.0), _Twice(scale=3.0), example_inputs=inputs, verify=True)
+    diverged = tg.graft(Scaled(scale=1.0), Scaled(scale=3.0), example_inputs=inputs, verify=True)
     assert diverged.verdict == "diverged"
     settle = diverged.settle()
     assert settle.startswith("outputs were compared and differ") and "inputs" not in settle
