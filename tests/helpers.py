@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import torch
@@ -66,6 +67,22 @@ def data_parallel_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     state = nn.DataParallel(copy.deepcopy(model)).state_dict()
     return {key: tensor.cpu() for key, tensor in state.items()}
+
+
+def paddle_resnet18() -> Any:
+    """paddle.vision's ResNet-18 (10 classes, seeded) with running statistics away from 0 and
+    1, in eval mode: a real Paddle model to save with ``paddle.save``."""
+    import paddle
+    from paddle.vision.models import resnet18
+
+    paddle.seed(0)
+    model = resnet18(num_classes=10)
+    for layer in model.sublayers():
+        if isinstance(layer, paddle.nn.BatchNorm2D):
+            layer._mean.set_value(paddle.rand(layer._mean.shape) * 0.2 - 0.1)
+            layer._variance.set_value(paddle.rand(layer._variance.shape) + 0.5)
+    model.eval()
+    return model
 
 
 def save_on(device: str, obj: object, path: Path, **kwargs: object) -> None:

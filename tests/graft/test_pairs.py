@@ -19,6 +19,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 import torchgraft as tg
+from tests.helpers import paddle_resnet18
 from tests.models import (
     MetaLlama,
     NanoGPT,
@@ -346,15 +347,8 @@ def test_source_inputs_differ_from_the_targets() -> None:
 def test_paddle_resnet_into_transformers_resnet(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
     import numpy as np
-    from paddle.vision.models import resnet18
 
-    paddle.seed(0)
-    source = resnet18(num_classes=10)
-    for layer in source.sublayers():
-        if isinstance(layer, paddle.nn.BatchNorm2D):
-            layer._mean.set_value(paddle.rand(layer._mean.shape) * 0.2 - 0.1)
-            layer._variance.set_value(paddle.rand(layer._variance.shape) + 0.5)
-    source.eval()
+    source = paddle_resnet18()
     paddle.save(source.state_dict(), str(tmp_path / "resnet18.pdparams"))
     x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
     expected = torch.from_numpy(source(paddle.to_tensor(x)).numpy())

@@ -9,21 +9,14 @@ import pytest
 import torch
 
 import torchgraft as tg
+from tests.helpers import paddle_resnet18
 from tests.models import NanoGPT, ResNet18
 
 
 @pytest.mark.slow
 def test_paddle_resnet18_pdparams_into_pytorch(tmp_path: Path) -> None:
     paddle = pytest.importorskip("paddle")
-    from paddle.vision.models import resnet18
-
-    paddle.seed(0)
-    source = resnet18(num_classes=10)
-    for layer in source.sublayers():
-        if isinstance(layer, paddle.nn.BatchNorm2D):
-            layer._mean.set_value(paddle.rand(layer._mean.shape) * 0.2 - 0.1)
-            layer._variance.set_value(paddle.rand(layer._variance.shape) + 0.5)
-    source.eval()
+    source = paddle_resnet18()
     path = tmp_path / "resnet18.pdparams"
     paddle.save(source.state_dict(), str(path))
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)

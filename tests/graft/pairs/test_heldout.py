@@ -13,7 +13,6 @@ table row can make these cases pass. ``scripts/pairs_table.py --heldout`` prints
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -22,11 +21,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-_CODEBASES = ("transformers", "timm", "whisper", "litgpt", "x_transformers", "encodec")
-_MISSING = [name for name in _CODEBASES if importlib.util.find_spec(name) is None]
-if _MISSING:
-    pytest.skip(f"code bases not installed: {', '.join(_MISSING)} (scripts/setup.sh installs "
-                "them)", allow_module_level=True)
+from tests.graft.pairs.installed import skip_without_code_bases
+
+skip_without_code_bases("transformers", "timm", "whisper", "litgpt", "x_transformers", "encodec")
 
 from tests.graft.pairs import heldout_mlx as mlx  # noqa: E402
 from tests.graft.pairs.codebases import Arch  # noqa: E402

@@ -9,16 +9,14 @@ reason, in :data:`NOT_YET`; ``scripts/pairs_table.py`` prints the whole table.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-_CODEBASES = ("transformers", "timm", "open_clip", "whisper", "torchtune", "efficientnet_pytorch")
-_MISSING = [name for name in _CODEBASES if importlib.util.find_spec(name) is None]
-if _MISSING:
-    pytest.skip(f"code bases not installed: {', '.join(_MISSING)} (scripts/setup.sh installs "
-                "them)", allow_module_level=True)
+from tests.graft.pairs.installed import skip_without_code_bases
+
+skip_without_code_bases("transformers", "timm", "open_clip", "whisper", "torchtune",
+                        "efficientnet_pytorch")
 
 from tests.graft.pairs.expectations import NOT_YET, UNDECIDABLE  # noqa: E402
 from tests.graft.pairs.pairs import (  # noqa: E402

@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import torchgraft as tg
+from tests.graft.pairs.values import drawn
 from torchgraft.graft.evidence import Verdict
 
 DIM, HIDDEN, LAYERS = 8, 12, 3
@@ -81,14 +82,6 @@ def _layer(key: str) -> int:
     return int(index) // 2 if container == "stack" else int(index)
 
 
-def _drawn(model: nn.Module) -> nn.Module:
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
-
-
 def _sorted_file(model: nn.Module, path: Path) -> Path:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return path
@@ -98,7 +91,7 @@ def test_turns_from_a_sorted_file_fill_blocks_and_back(tmp_path: Path) -> None:
     """Both ways from sorted files: the turns of block k are block k (its same-shape
     projections, in and out, a guess no name settles); every tensor filled, and the source's
     model settles the guesses: ok, outputs equal."""
-    for source, target in ((_drawn(Turns()), Blocks().eval()), (_drawn(Blocks()), Turns().eval())):
+    for source, target in ((drawn(Turns()), Blocks().eval()), (drawn(Blocks()), Turns().eval())):
         path = _sorted_file(source, tmp_path / "s.safetensors")
         report = tg.graft(path, target)
         assert report.verdict is Verdict.UNVERIFIED and report.guesses, report
@@ -111,5 +104,5 @@ def test_turns_from_a_sorted_file_fill_blocks_and_back(tmp_path: Path) -> None:
 
 def test_turns_of_another_depth_are_never_ok(tmp_path: Path) -> None:
     """The twin: four turns of layers into three blocks: never ok."""
-    path = _sorted_file(_drawn(Turns(layers=LAYERS + 1)), tmp_path / "deeper.safetensors")
+    path = _sorted_file(drawn(Turns(layers=LAYERS + 1)), tmp_path / "deeper.safetensors")
     assert tg.graft(path, Blocks()).verdict is not Verdict.OK

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchgraft as tg
+from tests.graft.pairs.values import drawn
 from torchgraft.graft.layouts import fusion, glu
 from torchgraft.graft.plan.infer import HEAD_BY_HEAD
 
@@ -95,14 +96,6 @@ class Net(nn.Module):
         return self.head(self.norm(x))  # type: ignore[no-any-return]
 
 
-def _randomised(model: nn.Module) -> nn.Module:
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
-
-
 def test_the_names_are_in_no_table() -> None:
     fused_names = {name for f in fusion.FUSIONS for name in f.fused}
     fused_names |= {name for order in glu.GLU_ORDERS for name in order.names}
@@ -113,7 +106,7 @@ def test_the_names_are_in_no_table() -> None:
 @pytest.mark.parametrize("flavour", ["module", "pt"])
 def test_rows_that_add_up_are_fused_or_split(fused_source: bool, flavour: str,
                                              tmp_path: Path) -> None:
-    source, target = _randomised(Net(fused_source)), Net(not fused_source).eval()
+    source, target = drawn(Net(fused_source)), Net(not fused_source).eval()
     if flavour == "module":
         report = tg.graft(source, target, example_inputs=(TOKENS,))
         assert report.ok, report
@@ -127,7 +120,7 @@ def test_rows_that_add_up_are_fused_or_split(fused_source: bool, flavour: str,
 
 
 def test_written_back_in_the_checkpoints_own_layout(tmp_path: Path) -> None:
-    source = _randomised(Net(fused=False))
+    source = drawn(Net(fused=False))
     torch.save(source.state_dict(), tmp_path / "split.pt")
     target = Net(fused=True).eval()
     tg.graft(source, target, example_inputs=(TOKENS,))
@@ -144,7 +137,7 @@ def test_a_fused_projection_stored_head_by_head_is_never_a_false_ok(flavour: str
                                                                    tmp_path: Path) -> None:
     """The twin: the model's fused projection is stored head by head; the same shapes. A
     bare file cannot tell (never ok); compared outputs either find that layout or diverge."""
-    source, target = _randomised(Net(fused=False)), Net(fused=True, head_by_head=True).eval()
+    source, target = drawn(Net(fused=False)), Net(fused=True, head_by_head=True).eval()
     if flavour == "module":
         report = tg.graft(source, target, example_inputs=(TOKENS,))
     else:

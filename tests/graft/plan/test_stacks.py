@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import torchgraft as tg
+from tests.graft.pairs.values import drawn
 from torchgraft.graft.layouts import experts as expert_tables
 
 E, HIDDEN, INNER = 4, 8, 12
@@ -48,14 +49,6 @@ class Stacked(nn.Module):
         return out
 
 
-def _randomised(model: nn.Module) -> nn.Module:
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
-
-
 def test_the_names_are_in_no_table() -> None:
     named = {n for names in expert_tables.ROLES.values() for n in names} | set(
         expert_tables.STACKED)
@@ -66,7 +59,7 @@ def test_the_names_are_in_no_table() -> None:
 @pytest.mark.parametrize("flavour", ["module", "pt"])
 def test_experts_stacked_or_apart_fill_each_other(stacked_source: bool, flavour: str,
                                                   tmp_path: Path) -> None:
-    source = _randomised(Stacked() if stacked_source else Apart())
+    source = drawn(Stacked() if stacked_source else Apart())
     target = (Apart() if stacked_source else Stacked()).eval()
     if flavour == "module":
         report = tg.graft(source, target, example_inputs=(X,))
@@ -81,6 +74,6 @@ def test_experts_stacked_or_apart_fill_each_other(stacked_source: bool, flavour:
 
 def test_another_number_of_experts_is_never_ok(tmp_path: Path) -> None:
     """The twin: the checkpoint has five experts apart, the model stacks four."""
-    torch.save(_randomised(Apart(experts=5)).state_dict(), tmp_path / "five.pt")
+    torch.save(drawn(Apart(experts=5)).state_dict(), tmp_path / "five.pt")
     report = tg.graft(tmp_path / "five.pt", Stacked())
     assert not report.ok
