@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line", "shorten"]
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+__all__ = ["few", "one_line", "quoted", "shorten"]
+
+_Item = TypeVar("_Item")
 
 
 def one_line(text: str) -> str:
@@ -39,3 +44,25 @@ def shorten(text: str, width: int) -> str:
     head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2:]
     return f"{head}...{tail}"
 
+
+
+def few(items: Sequence[_Item], most: int = 3, show: Callable[[_Item], str] = str) -> str:
+    """The first ``most`` items, each as ``show`` writes it, then how many more there are.
+
+    Only the items shown are written out: a list of 100,000 keys costs three.
+
+    Args:
+        items: The items.
+        most: How many to show.
+        show: One item as text (:func:`quoted` quotes it).
+
+    Returns:
+        ``'a', 'b', 'c' and 4 more``.
+    """
+    shown = ", ".join(show(item) for item in items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def quoted(item: object) -> str:
+    """An item in single quotes, as messages name keys and modules: ``'layer1.0'``."""
+    return f"'{item}'"

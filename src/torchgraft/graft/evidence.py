@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from ..text import few, quoted
+
 __all__ = ["COMPARE", "EXIT_CODES", "NAME_STEPS", "ROTARY_ALTERNATIVE", "SETTLE", "SIBLINGS",
            "Assumption", "Caution", "Evidence", "Guess", "MatchStep", "TextEnum", "Verdict",
            "rotary_alternatives"]
@@ -112,9 +114,8 @@ class Guess:
 
     def describe(self) -> str:
         """One line for the report: why, and the alternatives."""
-        shown = ", ".join(f"'{a}'" for a in self.alternatives[:3])
-        more = f" and {len(self.alternatives) - 3} more" if len(self.alternatives) > 3 else ""
-        return f"{self.why}" + (f"; alternatives {shown}{more}" if shown else "")
+        shown = few(self.alternatives, show=quoted)
+        return f"{self.why}" + (f"; alternatives {shown}" if shown else "")
 
 #: What the assumption of guessed siblings is called (each such key is a guess too).
 SIBLINGS = "same-shape siblings"

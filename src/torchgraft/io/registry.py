@@ -13,6 +13,7 @@ from ..errors import (
     UnsupportedCheckpointError,
     reading,
 )
+from ..text import few
 from .base import Contents, Format, ReadOptions
 from .contain import contained, read_json
 from .hub import resolve as resolve_repo_id
@@ -91,8 +92,7 @@ def _checkpoint_file(directory: Path, *, follow_links: bool) -> Path:
         return candidates[0]
     if not candidates:
         known = sorted({s for f in _FORMATS for s in f.suffixes})
-        held = ", ".join(p.name for p in files[:_LISTED]) + (
-            f" and {len(files) - _LISTED} more" if len(files) > _LISTED else "")
+        held = few(files, _LISTED, show=lambda path: path.name)
         raise CheckpointNotFoundError(
             f"the directory holds no checkpoint: {f'its files ({held})' if files else 'no file'}"
             f" are not checkpoints (none ends with {', '.join(known)}), and it is not a "

@@ -26,6 +26,7 @@ from torch import nn
 
 from ...errors import TorchgraftError
 from ...logs import IN_REPORT
+from ...text import few
 from ..evidence import ROTARY_ALTERNATIVE, Evidence
 from ..layouts.conventions import unit_of
 from ..layouts.glu import PARTS_REORDERED
@@ -546,9 +547,8 @@ def _record(report: GraftReport, result: Verification, reference: Reference,
                              f"{result.max_abs_diff:.3g} (tolerance {result.tolerance:.3g}) "
                              f"from {reference.origin}'s{tried}")
     elif result.uncovered:
-        shown = ", ".join(repr(p) for p in result.uncovered[:3])
-        more = f" and {len(result.uncovered) - 3} more" if len(result.uncovered) > 3 else ""
-        report.warnings.append(f"they agree, but {shown}{more} run after it and were not "
-                               "compared: the verdict stays as the file earned it")
+        report.warnings.append(f"they agree, but {few(result.uncovered, show=repr)} run after "
+                               "it and were not compared: the verdict stays as the file earned "
+                               "it")
     else:
         report.mark_verified()

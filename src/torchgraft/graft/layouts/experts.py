@@ -31,6 +31,7 @@ import torch
 from ...errors import TorchgraftError
 from ...meta import TensorMeta, TensorRef
 from ...renames import Rule, rename
+from ...text import few
 from ..tensors import Side, TensorInfo
 from .layout import Layout
 
@@ -233,14 +234,14 @@ def _check(block: str, experts: dict[int, dict[tuple[str, str], TensorInfo]], co
     if set(experts) != set(range(count)):
         lacking = sorted(set(range(count)) - set(experts))
         extra = sorted(set(experts) - set(range(count)))
-        text = ([f"missing: {_few(lacking)}"] if lacking else []) + (
-            [f"beyond the model's {count}: {_few(extra)}"] if extra else [])
+        text = ([f"missing: {few(lacking, 5)}"] if lacking else []) + (
+            [f"beyond the model's {count}: {few(extra, 5)}"] if extra else [])
         return (f"{where}: the checkpoint has {len(experts)} experts, the model {count} "
                 f"(experts {'; '.join(text)}); no expert of this layer was loaded")
     for role, param in keys:
         lacking = [e for e in range(count) if (role, param) not in experts[e]]
         if lacking:
-            return (f"{where}: experts {_few(lacking)} have no {role} {param} (expected "
+            return (f"{where}: experts {few(lacking, 5)} have no {role} {param} (expected "
                     f"'{block}.{lacking[0]}.{ROLES[role][0]}.{param}'); no expert of this "
                     "layer was loaded")
         first = experts[0][(role, param)]
@@ -250,14 +251,9 @@ def _check(block: str, experts: dict[int, dict[tuple[str, str], TensorInfo]], co
         if odd:
             other = experts[odd[0]][(role, param)]
             return (f"{where}: '{other.name}' is {other.shape} {other.dtype}, '{first.name}' "
-                    f"{first.shape} {first.dtype} (experts {_few(odd)} differ from expert 0); "
+                    f"{first.shape} {first.dtype} (experts {few(odd, 5)} differ from expert 0); "
                     "no expert of this layer was loaded")
     return None
-
-
-def _few(numbers: list[int]) -> str:
-    shown = ", ".join(map(str, numbers[:5]))
-    return shown + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
 
 
 def _suffix(param: str) -> str:

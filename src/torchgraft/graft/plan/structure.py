@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...text import few, quoted
 from ..evidence import Evidence, Guess
 from ..layouts.conventions import joined_role, numbered, role_parts, unit_of
 from ..tensors import TensorInfo, natural_key, owner
@@ -1109,9 +1110,8 @@ def _ambiguous(aligner: _Aligner) -> dict[str, str]:
     for row, i in enumerate(free_a):
         candidates = [aligner.b[free_b[k]].path for k in np.nonzero(free_match[row])[0]]
         if candidates:
-            shown = ", ".join(f"'{c}'" for c in candidates[:3])
-            more = f" and {len(candidates) - 3} more" if len(candidates) > 3 else ""
-            why = (f"structure is ambiguous: checkpoint modules {shown}{more} fit it, and "
+            fitting = few(candidates, show=quoted)
+            why = (f"structure is ambiguous: checkpoint modules {fitting} fit it, and "
                    "other modules of the model as well; add a rule that names its source")
             ambiguous.update(dict.fromkeys((t.name for t in aligner.a[i].tensors), why))
     return ambiguous

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ...text import few, quoted
 from ...units import plural
 
 if TYPE_CHECKING:
@@ -37,11 +38,6 @@ DETAILS_HINT = "report.details() lists every key"
 
 def _module(key: str) -> str:
     return key.rpartition(".")[0]
-
-
-def _shown(items: list[str]) -> str:
-    listed = ", ".join(f"'{item}'" for item in items[:3])
-    return listed + (f" and {len(items) - 3} more" if len(items) > 3 else "")
 
 
 def _alternative_module(alternative: str, sources: set[str]) -> str:
@@ -68,7 +64,7 @@ def _guessed_modules(report: GraftReport) -> list[Row]:
         guess = report.guesses[keys[0]]
         others = list(dict.fromkeys(_alternative_module(a, sources)
                                     for k in keys for a in report.guesses[k].alternatives))
-        more = f"; alternatives {_shown(others)}" if others else ""
+        more = f"; alternatives {few(others, show=quoted)}" if others else ""
         rows.append(("guess", f"{module} ({plural(len(keys), 'key')})",
                      f"<- {_module(report.mapping[keys[0]])}: {guess.why}{more}"))
     return rows
