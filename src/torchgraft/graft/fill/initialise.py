@@ -321,12 +321,7 @@ def computed_alike(model: nn.Module, tensors: ModelTensors,
         Key to the code that computes it, for those it computes alike.
     """
     modules = dict(tensors.modules)
-    holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
-    for _, each in tensors.modules if keys else ():
-        for store in (each._parameters, each._buffers):
-            for stored, tensor in store.items():
-                holders.setdefault(id(tensor), []).append((store, stored))
-    found: dict[str, str] = {}
+    candidates = []
     for key in keys:
         path, _, name = key.rpartition(".")
         module = modules.get(path)
@@ -336,6 +331,14 @@ def computed_alike(model: nn.Module, tensors: ModelTensors,
         if module is None or held is None or held.is_meta or (
                 isinstance(held, nn.Parameter) and held.requires_grad):
             continue  # a parameter the model trains is learned, whatever its first value
+        candidates.append((key, path, name, module, held))
+    holders: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    for _, each in tensors.modules if candidates else ():  # built only where it is needed
+        for store in (each._parameters, each._buffers):
+            for stored, tensor in store.items():
+                holders.setdefault(id(tensor), []).append((store, stored))
+    found: dict[str, str] = {}
+    for key, path, name, module, held in candidates:
         draws = [_draw(model, modules, (path, module), (key, name), holders, seed)
                  for seed in (0, 1)]
         if all(d is not None and torch.equal(d[1], held) for d in draws) and \
