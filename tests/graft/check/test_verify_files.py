@@ -115,10 +115,10 @@ def test_a_unit_that_structure_swapped_is_settled() -> None:
     """Two same-shape norms filled the wrong way round (as structure can do where names say
     nothing): outputs compared with the source find the first diverging norm, try the
     same-shape modules, keep the swap that makes it agree."""
-    from torchgraft.graft.check.compare import as_call
     from torchgraft.graft.check.reference import Reference
     from torchgraft.graft.check.settle import verify_graft
     from torchgraft.graft.plan.steps import Plan
+    from torchgraft.graft.search.activations import as_call
 
     torch.manual_seed(0)
     source = randomise(nn.Sequential(_Block("zeta", "alpha"), _Block("zeta", "alpha")))

@@ -34,10 +34,11 @@ from ..layouts.ops import Concatenate, Deinterleave, Interleave, RotaryRows, Spl
 from ..plan.adapt import Step, reversible
 from ..plan.steps import Plan
 from ..report.report import GraftReport
+from ..search.activations import Run, differ, run_recorded
 from ..sides.heads import model_heads
 from ..sides.model import state_tensors
 from ..tensors import TensorInfo
-from .compare import NotComparable, Run, Verification, compare, differ, run_recorded
+from .compare import NotComparable, Verification, compare
 from .reference import Reference
 
 __all__ = ["Hypothesis", "RowOrder", "hypotheses", "verify_graft"]
