@@ -132,7 +132,7 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
     diff = max_diff(a, b) if a.numel() else 0.0
     tolerance = rtol * float(a.double().abs().max()) if a.numel() else 0.0
     divergence, unit = None, None
-    if diff > tolerance:
+    if not diff <= tolerance:  # a NaN is never within tolerance
         divergence = "the outputs differ" if compared == "outputs" else "they differ"
         for path, activation in second.seen.items():
             paired = module_map.get(path)

@@ -252,10 +252,11 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def differ(a: torch.Tensor, b: torch.Tensor, rtol: float) -> float | None:
     """The relative difference of two activations, if beyond ``rtol``; ``None`` if not.
 
-    Activations that do not correspond (:func:`correspond`) are not compared.
+    Activations that do not correspond (:func:`correspond`) are not compared. A NaN is never
+    within tolerance.
     """
     if not correspond(a, b):
         return None
     diff = max_diff(a, b)
     scale = max(float(a.double().abs().max()), 1e-12)
-    return diff / scale if diff > rtol * scale else None
+    return None if diff <= rtol * scale else diff / scale
