@@ -39,12 +39,16 @@ def _heldout_cases() -> Iterator[Case]:
     from tests.graft.pairs import heldout_mlx as mlx
     from tests.graft.pairs.heldout import HELDOUT_PAIRS
 
+    def run(target: str, twin: str | None) -> Outcome:
+        with tempfile.TemporaryDirectory() as folder:
+            return mlx.graft_mlx(target, twin, Path(folder))
+
     yield from _pair_cases(HELDOUT_PAIRS)
     for target in mlx.TARGETS:
         for twin in mlx.FILES:
             column = mlx.FLAVOUR if twin is None else f"{twin}/{mlx.FLAVOUR}"
             yield (f"{mlx.SOURCE} -> {target}", column,
-                   lambda target=target, twin=twin: mlx.graft_mlx(target, twin))
+                   lambda target=target, twin=twin: run(target, twin))
 
 
 def main() -> int:
