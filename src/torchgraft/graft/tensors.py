@@ -81,6 +81,10 @@ class Side:
             order.
         buffers: The model's persistent buffers' keys (what its code computes or gathers,
             not its parameters); none for a file.
+        numbers: Key to the file's own name of its module, its number apart, and that number,
+            where a file numbers its modules itself in their order (Keras 3 keys the layers of
+            one class in a list ``dense``, ``dense_1``... in the model's order, whatever the
+            layers' own names): its modules' numbers, as a module side's names give them.
         facts: What was derived from the names once and is asked again (the naming family):
             scanning 100k names per question would cost seconds.
     """
@@ -93,6 +97,7 @@ class Side:
     head_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     given_ordered: bool = True
     buffers: frozenset[str] = frozenset()
+    numbers: dict[str, tuple[str, int]] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -125,8 +130,10 @@ class Side:
             A new side; this one is unchanged.
         """
         ties = {k: v for k, v in self.ties.items() if k in tensors and v in tensors}
+        numbers = {k: v for k, v in self.numbers.items() if k in tensors}
         return dataclasses.replace(self, tensors=tensors, given_order=order, ties=ties,
-                                   given_ordered=self.ordered, facts=dict(self.facts))
+                                   given_ordered=self.ordered, numbers=numbers,
+                                   facts=dict(self.facts))
 
     def _find_order(self) -> None:
         """The order of stored names, or recovered from them (then not ``ordered``).

@@ -203,7 +203,9 @@ def _align(state: PassState, *, bare_apart: bool) -> None:
                       is_bookkeeping, source_ordered=src.ordered,
                       trust_conventions=state.described.source_is_module,
                       bare_apart=bare_apart,
-                      before={t: state.renamed.get(s, s) for t, s in pairs.items()})
+                      before={t: state.renamed.get(s, s) for t, s in pairs.items()},
+                      source_numbers={state.renamed[s]: src.numbers[s] for s in left_s
+                                      if s in src.numbers})
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
     _keep_guesses(state, alignment, back)

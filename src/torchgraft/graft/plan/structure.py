@@ -572,7 +572,8 @@ def _with_kind_role(parts: tuple[tuple[str, ...], str | None],
 class _Units:
     """One side's groups: units (aligned), blocks (judged), roles, classes, norms' convolutions."""
 
-    def __init__(self, groups: list[_Group], classes: list[int], *, ordered: bool) -> None:
+    def __init__(self, groups: list[_Group], classes: list[int], *, ordered: bool,
+                 numbers: Mapping[str, tuple[str, int]] | None = None) -> None:
         children: dict[str, set[str]] = {}
         for g in groups:
             children.setdefault(g.parent, set()).add(g.path.rpartition(".")[2])
@@ -587,6 +588,14 @@ class _Units:
         self.cls = classes
         self.ordered = ordered
         self.anchor, self.anchored_by_order = _anchors(groups, ordered=ordered)
+        numbers = numbers or {}
+        self.numbers = [next((numbers[t.name] for t in g.tensors if t.name in numbers), None)
+                        for g in groups]
+
+    def filed(self, x: int, x2: int) -> bool:
+        """Whether the file numbers two modules as siblings (Keras' ``dense``, ``dense_1``)."""
+        a, b = self.numbers[x], self.numbers[x2]
+        return a is not None and b is not None and a[0] == b[0] and a[1] != b[1]
 
     def blocks(self, *, outermost: bool = False) -> dict[tuple[str, ...], list[list[int]]]:
         """Numbered blocks (units) by the contexts of their path: each block's groups.
@@ -814,18 +823,24 @@ def _by_numbers(scope: _Scope, p: tuple[int, int], q: tuple[int, int]) -> list[s
     """What numbers in names say for ``p`` against ``q``: the signals that agree, or none.
 
     Numbers on both sides (siblings that differ only by them, in the same order):
-    :data:`NUMBERS`, a family of names. Numbers on one side and, on the other, norms that
-    each follow their convolution in a real order: both signals, a family of order. Order
-    alone, or numbers against the convolutions, says nothing.
+    :data:`NUMBERS`, a family of names. A file that numbers its modules itself (Keras keys
+    the layers of one class in a list ``dense``, ``dense_1``... in the model's order, whatever
+    their own names: :attr:`~torchgraft.graft.tensors.Side.numbers`) numbers them as names do.
+    Numbers on one side and, on the other, norms that each follow their convolution in a real
+    order: both signals, a family of order. Order alone, or numbers against the convolutions,
+    says nothing.
     """
     own, other = scope.own, scope.other
     (i, k), (i2, k2) = p, q
     (own_p, other_p), (own_q, other_q) = scope.stems[p], scope.stems[q]
-    numbered = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
+    named = own_p == own_q and "#" in own_p, other_p == other_q and "#" in other_p
+    filed = own.filed(i, i2), other.filed(k, k2)
+    numbered = named[0] or filed[0], named[1] or filed[1]
     against = _anchored(scope, i, k) is False or _anchored(scope, i2, k2) is False
     if not any(numbered) or against:
         return []
-    before, after = _before(own, numbered[0], i, i2), _before(other, numbered[1], k, k2)
+    before = _before(own, named[0], i, i2, filed=filed[0])
+    after = _before(other, named[1], k, k2, filed=filed[1])
     if before is None or before != after:
         return []
     return [NUMBERS] if all(numbered) else [NUMBERS, AFTER_CONVOLUTION]
@@ -879,15 +894,20 @@ def _anchored(scope: _Scope, x: int, y: int) -> bool | None:
     return scope.partner[conv] == other_conv
 
 
-def _before(units: _Units, numbered: bool, x: int, x2: int) -> bool | None:
+def _before(units: _Units, numbered: bool, x: int, x2: int, *,
+            filed: bool = False) -> bool | None:
     """Whether ``x`` comes before ``x2`` on its side, where that is known.
 
     Numbers in their names order siblings that differ only by them (``bn1``, ``bn2``,
-    ``_bn0``); a real order of definition or use orders norms that each follow their
+    ``_bn0``), and so do the numbers a file gives them itself (``filed``: Keras' ``dense``,
+    ``dense_1``); a real order of definition or use orders norms that each follow their
     convolution (against numbered ones on the other side only). Else ``None``.
     """
     if numbered:
         return natural_key(units.paths[x]) < natural_key(units.paths[x2])
+    if filed:
+        a, b = units.numbers[x], units.numbers[x2]
+        return a is not None and b is not None and a[1] < b[1]
     if units.ordered and units.anchor[x] is not None and units.anchor[x2] is not None:
         return x < x2
     return None
@@ -1109,7 +1129,8 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
           source_infos: dict[str, TensorInfo], fits: Fits,
           bookkeeping: Bookkeeping = lambda name: False, *,
           source_ordered: bool = True, trust_conventions: bool = True,
-          bare_apart: bool = False, before: Mapping[str, str] | None = None) -> Alignment:
+          bare_apart: bool = False, before: Mapping[str, str] | None = None,
+          source_numbers: Mapping[str, tuple[str, int]] | None = None) -> Alignment:
     """Align unmatched target and source tensors by structure.
 
     Args:
@@ -1127,6 +1148,8 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
             by modules left).
         before: Pairs made before this alignment (target key to source name, as named in
             ``source_infos``): they align units too.
+        source_numbers: Source key (as named in ``source_infos``) to the number its file
+            gives its module (:attr:`~torchgraft.graft.tensors.Side.numbers`).
 
     Returns:
         The pairs that are certain, and why the others that could fit stayed unpaired.
@@ -1137,7 +1160,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         return Alignment({})
     aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
     ua = _Units(a, aligner.classes[0], ordered=True)
-    ub = _Units(b, aligner.classes[1], ordered=source_ordered)
+    ub = _Units(b, aligner.classes[1], ordered=source_ordered, numbers=source_numbers)
     common = ua.contexts() & ub.contexts()
     ua.keep_contexts(common)
     ub.keep_contexts(common)

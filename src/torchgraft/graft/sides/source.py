@@ -17,7 +17,7 @@ from ...meta import TensorMeta, TensorRef
 from ..layouts.catalogue import mark_file_kinds
 from ..tensors import Side, TensorInfo
 from .adapters import Adapter, find_adapter
-from .model import module_side, state_tensors, unwrap
+from .model import MODULE_KINDS, module_side, state_tensors, unwrap
 
 __all__ = ["GraftSource", "SourceLike", "open_source"]
 
@@ -113,9 +113,11 @@ def open_source(source: SourceLike, opening: OpenOptions | None = None, *,
                           "path, a state dict, an nn.Module or a tg.open() result")
 
 
-def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
-    """Describe lazy tensors as a side: kinds its names reveal, ties its aliases reveal."""
-    infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype) for n, r in refs.items()}
+def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None,
+               kinds: dict[str, str] | None = None) -> Side:
+    """Describe lazy tensors as a side: kinds stated or revealed by names, ties by aliases."""
+    kinds = kinds or {}
+    infos = {n: TensorInfo(n, r.meta.shape, r.meta.dtype, kinds.get(n)) for n, r in refs.items()}
     first: dict[Any, str] = {}
     ties = {}
     for name, ref in refs.items():
@@ -127,10 +129,56 @@ def _refs_side(refs: dict[str, TensorRef], fmt: str | None = None) -> Side:
 
 def _from_checkpoint(ckpt: Checkpoint) -> GraftSource:
     refs = ckpt.tensor_refs()
-    side = _refs_side(refs, ckpt.format)
+    side = _refs_side(refs, ckpt.format, _stated_kinds(ckpt))
     side.head_dims.update(_stated_head_dims(ckpt.extras))
+    _state_order(side, ckpt)
     return GraftSource(side, refs, saved_keys=ckpt.saved_keys,
                        adapter=find_adapter(ckpt.path))
+
+
+#: Formats whose readers state what a file's own structure says of its modules (a Keras layer
+#: config, an ONNX graph): their order, kinds and numbers (``__metadata__``'s ``order``,
+#: ``kinds`` and ``numbers``). Other formats' metadata is the writer's free text: never read so.
+_STRUCTURED = frozenset({"keras", "onnx"})
+_KINDS = frozenset(MODULE_KINDS.values())
+
+
+def _file_statement(ckpt: Checkpoint, key: str) -> Any:
+    metadata = ckpt.extras.get("__metadata__")
+    if ckpt.format not in _STRUCTURED or not isinstance(metadata, dict):
+        return None
+    return metadata.get(key)
+
+
+def _stated_kinds(ckpt: Checkpoint) -> dict[str, str]:
+    """Key to module kind, where the file's structure says it (Keras' classes, ONNX's ops)."""
+    stated = _file_statement(ckpt, "kinds")
+    if not isinstance(stated, dict):
+        return {}
+    return {k: v for k, v in stated.items() if isinstance(k, str) and v in _KINDS}
+
+
+def _state_order(side: Side, ckpt: Checkpoint) -> None:
+    """The order a file's structure states, its modules' numbers, or its lack of an order.
+
+    ``stated``: the stored order is the model's own, whatever the names look like (a sorted
+    look is no sign against it). ``unknown``: the file's records of it disagree or it has none
+    (a Keras weights file without its config): the reader's order is kept, not as a real one.
+    Numbers (:attr:`~torchgraft.graft.tensors.Side.numbers`) either way.
+    """
+    order = _file_statement(ckpt, "order")
+    if order not in ("stated", "unknown"):
+        return
+    side.given_order, side.given_ordered = list(side.tensors), order == "stated"
+    numbers = _file_statement(ckpt, "numbers")
+    if isinstance(numbers, dict):
+        side.numbers.update({k: (v[0], v[1]) for k, v in numbers.items()
+                             if k in side.tensors and _number(v)})
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], int) and not isinstance(value[1], bool) and value[1] >= 0)
 
 
 def _stated_head_dims(extras: dict[str, Any]) -> dict[str, int]:
