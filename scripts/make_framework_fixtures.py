@@ -5,10 +5,12 @@ Each subcommand runs in the environment that has its framework, never torchgraft
     python scripts/make_framework_fixtures.py gguf      # gguf + transformers (the test venv)
     python scripts/make_framework_fixtures.py gguf-qwen2 gguf-qwen2-bf16    # the same
     /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras    # tensorflow, keras
+    /work/venvs/tf/bin/python scripts/make_framework_fixtures.py keras-siblings   # the same
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py flax flax-bf16   # jax, flax
     /work/venvs/jax/bin/python scripts/make_framework_fixtures.py orbax   # + orbax-checkpoint
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx     # mlx
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-modes  # mlx, mlx-lm
+    /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-convs  # mlx (mlx[cpu])
     /work/venvs/mlx/bin/python scripts/make_framework_fixtures.py mlx-whisper  # + mlx-whisper
     #   (mlx-whisper installed --no-deps, with tiktoken: only its model module is imported)
 
@@ -381,6 +383,100 @@ def make_keras_full() -> None:
             ["tensorflow-cpu", "tf-keras", "h5py", "numpy"])
 
 
+def _lying_config(archive: Path, out: Path, names: tuple[str, str]) -> None:
+    """A copy of a ``.keras`` archive whose config.json lists two layers in exchanged places.
+
+    The weights file is Keras' own, byte for byte: only the config lies about the order.
+    """
+    import zipfile
+
+    with zipfile.ZipFile(archive) as source, zipfile.ZipFile(out, "w") as copy:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "config.json":
+                config = json.loads(data)
+                layers = config["config"]["layers"]
+                at = [k for k, layer in enumerate(layers)
+                      if layer["config"].get("name") in names]
+                layers[at[0]], layers[at[1]] = layers[at[1]], layers[at[0]]
+                data = json.dumps(config).encode()
+            copy.writestr(info, data)
+
+
+def make_keras_siblings() -> None:
+    """Keras 3 models whose same-shape layers only their order tells apart, by Keras itself.
+
+    siblings: a Sequential of Dense layers (three of one shape) named against their order
+    (``zeta``, ``alpha``, ``mid``, ``head``), saved with model.save (.keras: its config lists
+    the layers in order) and save_weights (.weights.h5: no config); siblings_lying.keras: the
+    same archive with the config listing ``zeta`` and ``alpha`` exchanged. encoder: a flat
+    functional pre-norm transformer (Embedding, two blocks of LayerNormalization,
+    MultiHeadAttention, LayerNormalization, two Dense; a final LayerNormalization and Dense),
+    Keras' default names. tf_resnet: transformers' TFResNetModel (basic blocks) by
+    save_pretrained, its config.json removed (a bare file). Outputs beside each.
+    """
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    from transformers import ResNetConfig, TFResNetModel
+
+    out = OUT / "keras"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2)
+    layers = keras.layers
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(2)
+    siblings = keras.Sequential([
+        keras.Input((8,)), layers.Dense(8, activation="relu", name="zeta"),
+        layers.Dense(8, activation="relu", name="alpha"),
+        layers.Dense(8, activation="relu", name="mid"), layers.Dense(3, name="head")])
+    _randomise_keras(siblings, rng)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    siblings.save(out / "siblings.keras")
+    siblings.save_weights(out / "siblings.weights.h5")
+    _lying_config(out / "siblings.keras", out / "siblings_lying.keras", ("zeta", "alpha"))
+    np.savez(out / "siblings_io.npz", x=x, y=np.asarray(siblings(x)))
+
+    keras.backend.clear_session()
+    width, vocab, length = 8, 12, 5
+    ids = keras.Input((length,), dtype="int32")
+    h = layers.Embedding(vocab, width)(ids)
+    for _ in range(2):
+        a = layers.LayerNormalization()(h)
+        h = layers.Add()([h, layers.MultiHeadAttention(2, width // 2)(a, a)])
+        m = layers.LayerNormalization()(h)
+        m = layers.Dense(2 * width, activation="gelu")(m)
+        h = layers.Add()([h, layers.Dense(width)(m)])
+    encoder = keras.Model(ids, layers.Dense(vocab)(layers.LayerNormalization()(h)))
+    _randomise_keras(encoder, rng)
+    tokens = rng.integers(0, vocab, (2, length)).astype(np.int32)
+    encoder.save(out / "encoder.keras")
+    encoder.save_weights(out / "encoder.weights.h5")
+    np.savez(out / "encoder_io.npz", ids=tokens, y=np.asarray(encoder(tokens)))
+
+    config = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
+                          depths=[2, 1], layer_type="basic", downsample_in_first_stage=False)
+    resnet = TFResNetModel(config)
+    image = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    resnet(image)
+    _randomise_keras(resnet, rng)
+    resnet.save_pretrained(out / "tf_resnet")
+    (out / "tf_resnet" / "config.json").unlink()
+    np.savez(out / "tf_resnet_io.npz", x=image,
+             y=resnet(image, training=False).pooler_output.numpy())
+    files = ["siblings.keras", "siblings.weights.h5", "siblings_lying.keras", "siblings_io.npz",
+             "encoder.keras", "encoder.weights.h5", "encoder_io.npz", "tf_resnet/tf_model.h5",
+             "tf_resnet_io.npz"]
+    _record("keras/siblings", [f"keras/{name}" for name in files],
+            "keras 3 models of same-shape layers (seed 2, variables randomised): a Sequential "
+            "named against its order saved with model.save and save_weights, and a copy of its "
+            ".keras whose config.json lists two of them exchanged (siblings_lying); a flat "
+            "functional pre-norm transformer the same way; transformers TFResNetModel.save_"
+            "pretrained (tf_model.h5, its config.json removed); *_io.npz: the framework's "
+            "outputs",
+            ["tensorflow-cpu", "keras", "transformers", "h5py", "numpy"])
+
+
 # --- Flax -----------------------------------------------------------------------------------
 
 def _flax_cases(rng: np.random.Generator) -> dict[str, tuple[Any, np.ndarray]]:
@@ -709,6 +805,64 @@ def make_mlx_whisper() -> None:
             ["mlx", "mlx-whisper", "numpy"])
 
 
+def make_mlx_convs() -> None:
+    """MLX models with convolutions only their shapes tell the layout of, by save_weights.
+
+    convs_ambiguous: one Conv2d(3, 8, 3) (``[8, 3, 3, 3]`` reads the same both ways) and a
+    Linear; convs_transposed: a Conv1d and a ConvTranspose1d; convs_transposed2d: a
+    Conv2d(3, 6, 3) (either way) and a ConvTranspose2d (channels last only: it shows the
+    file's layout). Parameters random (numpy seed 3); outputs for channels-last inputs beside.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    out = OUT / "mlx"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+
+    class Ambiguous(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3)
+            self.fc = nn.Linear(8, 3)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc(nn.relu(self.stem(x)).mean(axis=(1, 2)))
+
+    class Transposed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Conv1d(4, 8, 3, padding=1)
+            self.dec = nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1)
+
+        def __call__(self, x: Any) -> Any:
+            return self.dec(nn.relu(self.enc(x)))
+
+    class Transposed2d(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Conv2d(3, 6, 3, padding=1)
+            self.up = nn.ConvTranspose2d(6, 5, 2, stride=2)
+
+        def __call__(self, x: Any) -> Any:
+            return self.up(nn.relu(self.enc(x)))
+
+    cases = {"convs_ambiguous": (Ambiguous(), (2, 8, 8, 3)),
+             "convs_transposed": (Transposed(), (2, 10, 4)),
+             "convs_transposed2d": (Transposed2d(), (2, 6, 6, 3))}
+    for name, (model, shape) in cases.items():
+        _randomise_mlx(model, rng)
+        x = mx.array(rng.standard_normal(shape).astype(np.float32))
+        model.save_weights(str(out / f"{name}.safetensors"))
+        np.savez(out / f"{name}_io.npz", x=np.array(x), y=np.array(model(x)))
+    _record("mlx/convs", sorted(f"mlx/{name}{end}" for name in cases
+                                for end in (".safetensors", "_io.npz")),
+            "MLX models (parameters randomised with numpy seed 3) saved by save_weights: a "
+            "Conv2d(3, 8, 3) and a Linear; a Conv1d and a ConvTranspose1d; a Conv2d(3, 6, 3) "
+            "and a ConvTranspose2d; x: channels-last inputs, y: MLX's outputs",
+            ["mlx", "numpy"])
+
+
 #: mlx-lm's per-module quantization for the modes fixture: every mode MLX has, and affine
 #: widths that do not divide a byte; the rest of the model gets the default (mxfp4).
 _MLX_MODES = {"model.embed_tokens": {"group_size": 32, "bits": 3, "mode": "affine"},
@@ -776,9 +930,11 @@ def make_mlx_modes() -> None:
 COMMANDS: dict[str, Callable[[], Any]] = {"gguf": make_gguf, "gguf-qwen2": make_gguf_qwen2,
                                           "gguf-qwen2-bf16": lambda: make_gguf_qwen2("bf16"),
                                           "keras": make_keras, "keras-full": make_keras_full,
+                                          "keras-siblings": make_keras_siblings,
                                           "flax": make_flax, "flax-bf16": make_flax_bf16,
                                           "orbax": make_orbax,
                                           "mlx": make_mlx, "mlx-modes": make_mlx_modes,
+                                          "mlx-convs": make_mlx_convs,
                                           "mlx-whisper": make_mlx_whisper}
 
 if __name__ == "__main__":

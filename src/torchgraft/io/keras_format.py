@@ -26,6 +26,7 @@ import re
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from .source import FileSource, plain_ref
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
 from .window import Window, WindowStream
 
-__all__ = ["FORMAT", "KERAS3_VARIABLES", "KERAS_ARCHIVE_FORMAT", "LEAVES"]
+__all__ = ["FORMAT", "KERAS3_KINDS", "KERAS3_VARIABLES", "KERAS_ARCHIVE_FORMAT", "LEAVES"]
 
 _HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 _KERAS_MEMBERS = ("metadata.json", "config.json", "model.weights.h5")
@@ -185,26 +186,58 @@ def _children(group: Any, counter: list[int], path: str) -> list[tuple[str, Any]
     return [(key, _member(group, key, path)) for key in keys]
 
 
+@dataclass
+class _Layer:
+    """One Keras 3 layer with variables, as its weights file keeps it.
+
+    Attributes:
+        module: Its module path, by the layers' own names.
+        key: Its group's key: in a list (``layers``), its class in snake case numbered in the
+            list's order (``dense_1``); else the attribute that holds it (``query_dense``).
+        variables: Its ``vars`` group.
+        listed: The list (an HDF5 path) it is a member of, or ``None`` for an attribute.
+        holder: The key of the layer holding it as an attribute (``""`` for a listed one).
+        anchor: Its nearest listed ancestor or itself, as (list, key): where in the model's
+            order of layers it sits.
+    """
+
+    module: tuple[str, ...]
+    key: str
+    variables: Any
+    listed: str | None
+    holder: str
+    anchor: tuple[str, str]
+
+
 def _keras3_layers(group: Any, prefix: tuple[str, ...], depth: int, counter: list[int],
-                   path: str) -> Iterator[tuple[tuple[str, ...], str, Any]]:
-    """Yield (module path, class key, vars group) for every layer with variables, in order."""
+                   path: str, *, listing: bool = False, holder: str = "",
+                   anchor: tuple[str, str] = ("", "")) -> Iterator[_Layer]:
+    """Every layer with variables, in the walk's order (each group's keys in HDF5's order).
+
+    A group without ``vars`` is a list attribute (``layers``): Keras keys its members by
+    class, numbered in the list's order. Any other group is a layer; its groups are its
+    attributes, walked by Keras in the order of their names.
+    """
     check_nesting(depth, what="HDF5 groups", path=path)
     h5py = _h5py()
     for key, child in _children(group, counter, path):
-        if not isinstance(child, h5py.Group):
-            continue
-        if key == "layers":
-            yield from _keras3_layers(child, prefix, depth + 1, counter, path)
-            continue
-        if key == "vars":
+        if not isinstance(child, h5py.Group) or key == "vars":
             continue
         variables = _member(child, "vars", path) if _linked(child, "vars") else None
-        attrs_name = variables.attrs.get("name") if variables is not None else None
+        if key == "layers" or variables is None:
+            inner = prefix if key == "layers" else (*prefix, key)
+            yield from _keras3_layers(child, inner, depth + 1, counter, path, listing=True,
+                                      holder=holder, anchor=anchor)
+            continue
+        attrs_name = variables.attrs.get("name")
         own = attrs_name if isinstance(attrs_name, str) and attrs_name else key
         here = (*prefix, own)
+        listed = group.name if listing else None
+        mine = (group.name, key) if listing else anchor
         if isinstance(variables, h5py.Group) and len(variables):
-            yield here, key, variables
-        yield from _keras3_layers(child, here, depth + 1, counter, path)
+            yield _Layer(here, key, variables, listed, "" if listing else holder, mine)
+        yield from _keras3_layers(child, here, depth + 1, counter, path, holder=key,
+                                  anchor=mine)
 
 
 def _torch_entry(module: tuple[str, ...], leaf: str, stored: TensorRef, name: str,
@@ -216,35 +249,166 @@ def _torch_entry(module: tuple[str, ...], leaf: str, stored: TensorRef, name: st
     return ".".join((*module, torch_leaf)), relaid(stored, op, name=name, path=path)
 
 
+def _indices(variables: Any) -> list[str]:
+    return sorted(variables.keys(), key=lambda k: int(k) if k.isdigit() else -1)
+
+
 def _read_keras3(file: Any, source: FileSource | None, base: int, path: str,
-                 order: list[str], head_dims: dict[str, int]) -> dict[str, TensorRef]:
+                 config: list[tuple[str, str]], found: dict[str, Any]) -> dict[str, TensorRef]:
+    """The weights, in the order the file states where its records agree (:func:`_stated`).
+
+    Else each class's layers come in their numbers' order (:func:`_by_numbers`).
+
+    ``found`` gets what the file says of its modules: ``head_dims``, and ``order``
+    (``stated`` or ``unknown``), ``kinds`` and ``numbers`` (see :class:`~torchgraft.graft.
+    tensors.Side`).
+    """
     root: dict[str, TensorRef] = {}
     layers = list(_keras3_layers(file, (), 0, [0], path))
-    if order:
-        rank = {name: i for i, name in enumerate(order)}
-        layers.sort(key=lambda layer: rank.get(layer[0][0], len(rank)))
-    for module, key, variables in layers:
-        names = KERAS3_VARIABLES.get(_SUFFIX.sub("", key), ())
-        for index in sorted(variables.keys(), key=lambda k: int(k) if k.isdigit() else -1):
+    stated = _stated(layers, config)
+    layers = stated if stated is not None else _by_numbers(layers)
+    kinds: dict[str, str] = {}
+    numbers: dict[str, tuple[str, int]] = {}
+    for layer in layers:
+        names = KERAS3_VARIABLES.get(_SUFFIX.sub("", layer.key), ())
+        kind = _kind_of(layer)
+        number = _number_of(layer)
+        for index in _indices(layer.variables):
             position = int(index) if index.isdigit() else -1
             leaf = names[position] if 0 <= position < len(names) else f"var{index}"
-            where = f"{variables.name}/{index}"
-            stored = _dataset_ref(_member(variables, index, path), source, base, where, path)
-            name, ref = _torch_entry(module, leaf, stored, where, path, head_dims)
+            where = f"{layer.variables.name}/{index}"
+            stored = _dataset_ref(_member(layer.variables, index, path), source, base, where,
+                                  path)
+            name, ref = _torch_entry(layer.module, leaf, stored, where, path,
+                                     found["head_dims"])
             if name in root:
                 raise CorruptCheckpointError(f"two variables are named '{name}'", path=path)
             root[name] = ref
+            if kind is not None:
+                kinds[name] = kind
+            if number is not None:
+                numbers[name] = number
+    found.update(order="stated" if stated is not None else "unknown", kinds=kinds,
+                 numbers=numbers)
     return root
+
+
+#: Keras layer classes (snake case, as a list keys its members) to PyTorch's module kinds.
+KERAS3_KINDS: dict[str, str] = {
+    "dense": "linear", "einsum_dense": "linear",
+    "conv1d": "conv", "conv2d": "conv", "conv3d": "conv",
+    "depthwise_conv1d": "conv", "depthwise_conv2d": "conv",
+    "conv1d_transpose": "conv_transpose", "conv2d_transpose": "conv_transpose",
+    "conv3d_transpose": "conv_transpose",
+    "batch_normalization": "norm", "layer_normalization": "norm",
+    "group_normalization": "norm", "rms_normalization": "norm",
+    "embedding": "embedding",
+}
+
+
+def _kind_of(layer: _Layer) -> str | None:
+    """A layer's module kind: its class, where a list keys it by class.
+
+    A MultiHeadAttention's projections (its own attributes, :data:`_CHILD_ORDER`) are Linear.
+    """
+    if layer.listed is not None:
+        return KERAS3_KINDS.get(_SUFFIX.sub("", layer.key))
+    holder = _CHILD_ORDER.get(_SUFFIX.sub("", layer.holder), ())
+    return "linear" if layer.key in holder else None
+
+
+def _number_of(layer: _Layer) -> tuple[str, int] | None:
+    """How Keras numbers a layer: (its list member's class and the path below, its number).
+
+    ``dense_1`` is the 2nd Dense of its list; a MultiHeadAttention's ``query_dense`` has its
+    holder's number.
+    """
+    listed, key = layer.anchor
+    if not listed:
+        return None
+    stem, number = _stem_and_number(key)
+    below = "" if layer.listed is not None else f"/{layer.key}"
+    return f"{listed}/{stem}{below}", number
+
+
+def _stem_and_number(key: str) -> tuple[str, int]:
+    """A list member's class and number from its key: ``dense_1`` is ``("dense", 1)``."""
+    match = _SUFFIX.search(key)
+    return (key[: match.start()], int(match.group()[1:])) if match else (key, 0)
+
+
+def _stated(layers: list[_Layer], config: list[tuple[str, str]]) -> list[_Layer] | None:
+    """The layers in the model's order, where the file's two records of that order agree.
+
+    A ``.keras`` file's ``config.json`` lists the model's layers in its order, with their
+    classes; its weights file keys each member of that list by class, numbered in the list's
+    order (``dense``, ``dense_1``). Both must say the same: each layer the class the config
+    gives it, each class's numbers rising in the config's order. A layer's own attributes are
+    walked by Keras in the order of their names, which is no order of definition: a layer that
+    holds layers of its own (other than a MultiHeadAttention, whose projections
+    :data:`_CHILD_ORDER` orders) leaves the order unstated, as does a weights file alone.
+
+    Returns:
+        The layers in that order, or ``None`` where the records disagree or cannot tell.
+    """
+    rank = {name: k for k, (name, _) in enumerate(config)}
+    for layer in layers:
+        listed, key = layer.anchor
+        attribute = layer.listed is None and layer.key not in _CHILD_ORDER.get(
+            _SUFFIX.sub("", layer.holder), ())
+        name = layer.module[0]
+        if attribute or listed != "/layers" or name not in rank or \
+                _snake(config[rank[name]][1]) != _stem_and_number(key)[0]:
+            return None
+    walked = {id(layer): k for k, layer in enumerate(layers)}
+    ordered = sorted(layers, key=lambda layer: (rank[layer.module[0]], walked[id(layer)]))
+    highest: dict[str, int] = {}
+    for _, key in dict.fromkeys(layer.anchor for layer in ordered):
+        stem, number = _stem_and_number(key)
+        if number <= highest.get(stem, -1):
+            return None  # the config's order is not the one the weights were numbered in
+        highest[stem] = number
+    return ordered
+
+
+def _by_numbers(layers: list[_Layer]) -> list[_Layer]:
+    """The layers in their lists' numbers (``dense_2`` before ``dense_10``).
+
+    Where no order is stated, each class's order is known, not the order between classes.
+    """
+    walked = {id(layer): k for k, layer in enumerate(layers)}
+    return sorted(layers, key=lambda layer: (
+        layer.anchor[0], *_stem_and_number(layer.anchor[1]), walked[id(layer)]))
+
+
+def _snake(name: str) -> str:
+    """Keras' ``to_snake_case``: how it keys a list member of class ``name``."""
+    name = re.sub(r"\W+", "", name)
+    name = re.sub("(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub("([a-z])([A-Z])", r"\1_\2", name).lower()
 
 
 def _strings(value: Any) -> list[str]:
     return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in np.asarray(value)]
 
 
+#: tf.keras variable names only one of Keras' own layer classes makes, and that class's kind.
+_LEGACY_KINDS = {"embeddings": "embedding", "moving_mean": "norm", "moving_variance": "norm",
+                 "depthwise_kernel": "conv"}
+
+
 def _read_legacy(file: Any, source: FileSource | None, base: int, path: str,
-                 head_dims: dict[str, int]) -> dict[str, TensorRef]:
-    """tf.keras ``save_weights(.h5)``: ``layer_names`` in order, each with ``weight_names``."""
+                 found: dict[str, Any]) -> dict[str, TensorRef]:
+    """tf.keras ``save_weights(.h5)``: ``layer_names`` in order, each with ``weight_names``.
+
+    The weights are in the order the model made them (tf.keras lists a layer's weights
+    trainable first, then the rest, each in the order its code made them): an order of
+    definition the file states. Kinds where a variable's name is one only a Keras class makes
+    (a BatchNormalization's ``moving_mean``: every tensor of that module is a norm's).
+    """
     root: dict[str, TensorRef] = {}
+    kinds: dict[str, str] = {}
+    module_kinds: dict[tuple[str, ...], str] = {}
     group = _weights_group(file, path)
     for layer in _strings(group.attrs["layer_names"]):
         weights = _member(group, layer, path)
@@ -253,25 +417,34 @@ def _read_legacy(file: Any, source: FileSource | None, base: int, path: str,
             parts = parts[parts.index(layer):] if layer in parts else [layer, *parts]
             module = tuple(p for part in parts[:-1] for p in part.split("_._") if p)
             stored = _dataset_ref(_member(weights, weight, path), source, base, weight, path)
-            name, ref = _torch_entry(module, parts[-1], stored, weight, path, head_dims)
+            name, ref = _torch_entry(module, parts[-1], stored, weight, path,
+                                     found["head_dims"])
             if name in root:
                 raise CorruptCheckpointError(f"two weights are named '{name}'", path=path)
             root[name] = ref
+            kind = _LEGACY_KINDS.get(parts[-1])
+            if kind == "norm":
+                module_kinds[module] = kind
+            elif kind is not None:
+                kinds[name] = kind
+    kinds.update({name: module_kinds[tuple(name.split(".")[:-1])] for name in root
+                  if tuple(name.split(".")[:-1]) in module_kinds})
+    found.update(order="stated", kinds=kinds)
     return root
 
 
 def _read_hdf5(file: Any, source: FileSource | None, base: int, path: str,
-               order: list[str]) -> dict[str, Any]:
+               config: list[tuple[str, str]]) -> dict[str, Any]:
     """The weights in PyTorch's names and layouts, and what the file says about them."""
-    head_dims: dict[str, int] = {}
+    found: dict[str, Any] = {"head_dims": {}}
     group = _weights_group(file, path)
     if "layer_names" in group.attrs:
-        root: dict[str, Any] = _read_legacy(file, source, base, path, head_dims)
+        root: dict[str, Any] = _read_legacy(file, source, base, path, found)
         flavour = "tf.keras (legacy HDF5)"
     else:
-        root = _read_keras3(file, source, base, path, order, head_dims)
+        root = _read_keras3(file, source, base, path, config, found)
         flavour = "keras 3"
-    root["__metadata__"] = {"framework": flavour, "head_dims": head_dims,
+    root["__metadata__"] = {"framework": flavour, **found,
                             "layout": "Keras names and layouts re-laid as PyTorch's (kernels "
                                       "transposed, HWIO to OIHW)"}
     return root
@@ -301,8 +474,12 @@ def _open_h5(path: Path, options: ReadOptions) -> Contents:
     return Contents("keras", path, root, [file.close, source.close])
 
 
-def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
-    """The top-level layers' names in the model's order, from ``config.json``."""
+def _config_layers(archive: zipfile.ZipFile, path: Path) -> list[tuple[str, str]]:
+    """The top-level layers' names and classes in the model's order, from ``config.json``.
+
+    Read as JSON only, its size checked before it is read: nothing in it is run or imported.
+    A Functional model names each layer beside its config, a Sequential one inside it.
+    """
     if "config.json" not in archive.namelist():
         return []
     info = archive.getinfo("config.json")
@@ -312,8 +489,16 @@ def _config_order(archive: zipfile.ZipFile, path: Path) -> list[str]:
                                     path=str(path)), what="config.json", path=path)
     model = config.get("config") if isinstance(config, dict) else None
     layers = model.get("layers") if isinstance(model, dict) else None
-    return [layer.get("name", "") for layer in layers if isinstance(layer, dict)
-            ][:_MAX_GROUPS] if isinstance(layers, list) else []
+    found = []
+    for layer in layers[:_MAX_GROUPS] if isinstance(layers, list) else []:
+        own = layer.get("config") if isinstance(layer, dict) else None
+        name = layer.get("name") if isinstance(layer, dict) else None
+        name = name if isinstance(name, str) else own.get("name") if isinstance(own, dict) \
+            else None
+        kind = layer.get("class_name") if isinstance(layer, dict) else None
+        if isinstance(name, str) and isinstance(kind, str):
+            found.append((name, kind))
+    return found
 
 
 def _open_keras(path: Path, options: ReadOptions) -> Contents:
@@ -323,7 +508,7 @@ def _open_keras(path: Path, options: ReadOptions) -> Contents:
         if "model.weights.h5" not in archive.namelist():
             raise CorruptCheckpointError("the .keras archive has no model.weights.h5", path=path)
         info = archive.getinfo("model.weights.h5")
-        order = _config_order(archive, path)
+        config = _config_layers(archive, path)
         if info.compress_type != zipfile.ZIP_STORED:
             raise UnsupportedCheckpointError(
                 "model.weights.h5 is compressed inside the .keras archive; extract it and "
@@ -333,7 +518,7 @@ def _open_keras(path: Path, options: ReadOptions) -> Contents:
     with hdf5_faults(path):
         file = h5py.File(WindowStream(Window(source, base, info.file_size)), "r")
         with closed_on_error(file.close):
-            root = _read_hdf5(file, source, base, str(path), order)
+            root = _read_hdf5(file, source, base, str(path), config)
     return Contents("keras", path, root, [file.close, source.close])
 
 
