@@ -13,6 +13,13 @@ gives the module path, and its operator and input slot give the leaf name and la
 Initializers that no weight role or PyTorch-like name claims (shape constants) are left out and
 listed in the metadata.
 
+The dynamo exporter names initializers by their state-dict keys, but folds some: a Linear
+applied to a 3-D input becomes a MatMul on a transposed copy named ``val_4``. It records in each
+node's metadata the modules that ran it (``pkg.torch.onnx.name_scopes``): the innermost names
+the copy's module the way a TorchScript node's path does. What consumes an initializer also
+says what it is, whatever its name: a 2-D table a ``Gather`` looks rows up in is an embedding
+(the metadata's ``kinds``, which grafting counts as a module kind).
+
 Control flow keeps graphs inside nodes: the ``then_branch``/``else_branch`` of an ``If``, the
 ``body`` of a ``Loop`` or ``Scan`` (attributes of type GRAPH or GRAPHS). Their initializers are
 read like the main graph's and their nodes name the weights they use, the main graph's too
@@ -209,6 +216,27 @@ class _Node:
     ints: dict[str, int] = field(default_factory=dict)
     #: Where its subgraphs are in the file: (offset, length).
     graphs: list[tuple[int, int]] = field(default_factory=list)
+    #: The module that ran it, where the exporter says so (``torch.onnx.export(dynamo=True)``
+    #: records each node's module scopes in its metadata).
+    scope: str | None = None
+
+
+#: The metadata in which the dynamo exporter lists a node's scopes, outermost first: the
+#: modules that ran it (full paths, the root ``''``), then the node itself.
+_SCOPES = "pkg.torch.onnx.name_scopes"
+#: A node's scopes longer than this are no module path (read no further).
+_MAX_SCOPES = 1 << 16
+_QUOTED = re.compile(r"'([^'\\]*)'")
+
+
+def _metadata(node: _Node, fields: _Fields) -> None:
+    """One metadata entry: the module a dynamo export says ran the node (its innermost)."""
+    entry = {n: v for n, w, v in fields if w == 2 and n in (1, 2)}
+    if 1 not in entry or 2 not in entry or entry[2][1] > _MAX_SCOPES or \
+            entry[1][1] != len(_SCOPES) or fields.text(entry[1], "a metadata key") != _SCOPES:
+        return
+    scopes = _QUOTED.findall(fields.text(entry[2], "a node's scopes"))
+    node.scope = scopes[-2] if len(scopes) >= 2 and scopes[-2] else None
 
 
 def _attribute(node: _Node, fields: _Fields, base: int) -> None:
@@ -244,6 +272,8 @@ def _node(fields: _Fields, base: int) -> _Node:
             node.op = fields.text(value, "an operator")
         elif number == 5:
             _attribute(node, fields.sub(value), base)
+        elif number == 9:
+            _metadata(node, fields.sub(value))
     return node
 
 
@@ -290,6 +320,19 @@ def _module_path(node: _Node) -> str | None:
     return ".".join(parts) if parts else None
 
 
+def _roles(node: _Node) -> tuple[str | None, bool]:
+    """The module a node's weights belong to, and whether only its scope says so.
+
+    TorchScript's exporter names a node by its module path (``/encoder/fc1/MatMul``); the
+    dynamo exporter records the module in the node's metadata (:func:`_metadata`). There, an
+    ``Add`` of a constant (a mask, a scalar the graph folded) is no bias: only weight slots
+    that no computation folds into (a MatMul's or a Gemm's matrix, a convolution's, a norm's,
+    a lookup table) name the initializer they read.
+    """
+    path = _module_path(node)
+    return (path, False) if path is not None else (node.scope, node.scope is not None)
+
+
 def _first_uses(nodes: list[_Node]) -> dict[str, tuple[_Node, int]]:
     """Each value to the first node (and input slot) that uses it in a weight role.
 
@@ -298,14 +341,11 @@ def _first_uses(nodes: list[_Node]) -> dict[str, tuple[_Node, int]]:
     that made it, every value it is a copy of; a value claimed once is never walked again,
     so a graph of long ``Identity`` chains costs its size, not its size squared.
     """
-    sources: dict[str, list[str]] = {}  # an Identity's output to its inputs
-    for node in nodes:
-        if node.op == "Identity":
-            for out in node.outputs:
-                sources.setdefault(out, []).extend(node.inputs)
+    sources = _copied_from(nodes)
     first: dict[str, tuple[_Node, int]] = {}
     for node in nodes:
-        if node.op == "Identity" or _module_path(node) is None:
+        path, by_scope = _roles(node)
+        if node.op == "Identity" or path is None or (by_scope and node.op == "Add"):
             continue
         for slot, name in enumerate(node.inputs):
             if (node.op, slot) not in ROLES:
@@ -319,6 +359,35 @@ def _first_uses(nodes: list[_Node]) -> dict[str, tuple[_Node, int]]:
     return first
 
 
+def _copied_from(nodes: list[_Node]) -> dict[str, list[str]]:
+    """An ``Identity`` node's output to its inputs."""
+    sources: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.op == "Identity":
+            for out in node.outputs:
+                sources.setdefault(out, []).extend(node.inputs)
+    return sources
+
+
+def _tables(nodes: list[_Node]) -> set[str]:
+    """The values a ``Gather`` looks rows up in (its data, along axis 0), copies included.
+
+    What consumes a tensor says what it is, whatever its name: a 2-D table whose rows a
+    ``Gather`` picks is an embedding (:func:`_open` gives it that kind). A gather along
+    another axis, or from a tensor of another rank, is no embedding's lookup.
+    """
+    sources = _copied_from(nodes)
+    found: set[str] = set()
+    stack = [node.inputs[0] for node in nodes if node.op == "Gather" and node.inputs
+             and node.ints.get("axis", 0) == 0]
+    while stack:
+        value = stack.pop()
+        if value not in found:
+            found.add(value)
+            stack.extend(sources.get(value, ()))
+    return found
+
+
 def _recovered(tensor: _Tensor, use: tuple[_Node, int] | None) -> tuple[str, str | None] | None:
     """The PyTorch name and layout op the graph gives an initializer, or ``None``."""
     if use is None:
@@ -329,7 +398,7 @@ def _recovered(tensor: _Tensor, use: tuple[_Node, int] | None) -> tuple[str, str
         op = None
     if op == "transpose" and len(tensor.dims) != 2:
         return None
-    return f"{_module_path(node)}.{leaf}", op
+    return f"{_roles(node)[0]}.{leaf}", op
 
 
 class _Files:
@@ -436,16 +505,15 @@ def _open(path: Path, options: ReadOptions) -> Contents:
     root: dict[str, Any] = {}
     constants: list[str] = []
     renamed: dict[str, str] = {}
+    kinds: dict[str, str] = {}
     uses = _first_uses(nodes)
+    tables = _tables(nodes)
+    named = _named(tensors, uses)
     for tensor in tensors:
-        recovered = _recovered(tensor, uses.get(tensor.name))
-        if _TORCH_NAME.fullmatch(tensor.name):
-            name, op = tensor.name, None
-        elif recovered is not None:
-            name, op = recovered
-        else:
+        if tensor.name not in named:
             constants.append(tensor.name)
             continue
+        name, op = named[tensor.name]
         if name in root:
             raise CorruptCheckpointError(f"initializers '{renamed.get(name, name)}' and "
                                          f"'{tensor.name}' both name '{name}'", path=path)
@@ -453,9 +521,40 @@ def _open(path: Path, options: ReadOptions) -> Contents:
                             path=str(path))
         if name != tensor.name:
             renamed[name] = tensor.name
+        if tensor.name in tables and len(tensor.dims) == 2:
+            kinds[name] = "embedding"
     root["__metadata__"] = {"framework": "onnx", "renamed_from_graph": renamed,
-                            "constants_left_out": constants}
+                            "constants_left_out": constants, "kinds": kinds}
     return Contents("onnx", path, root, [source.close, files.close])
+
+
+def _named(tensors: list[_Tensor], uses: dict[str, tuple[_Node, int]],
+           ) -> dict[str, tuple[str, str | None]]:
+    """Each initializer's PyTorch name and layout op, for those that have one.
+
+    An initializer named as a state-dict key keeps its name; else the node using it names it
+    (:func:`_recovered`). A name only a dynamo export's scopes give (a folded copy of a
+    weight) is taken only where no other initializer has it or is given it so: else those
+    copies are constants.
+    """
+    named: dict[str, tuple[str, str | None]] = {}
+    kept = {t.name for t in tensors if _TORCH_NAME.fullmatch(t.name)}
+    by_scope: dict[str, list[str]] = {}
+    for tensor in tensors:
+        use = uses.get(tensor.name)
+        recovered = _recovered(tensor, use)
+        if tensor.name in kept:
+            named[tensor.name] = (tensor.name, None)
+        elif recovered is not None and use is not None and _roles(use[0])[1]:
+            by_scope.setdefault(recovered[0], []).append(tensor.name)
+            named[tensor.name] = recovered
+        elif recovered is not None:
+            named[tensor.name] = recovered
+    for name, claims in by_scope.items():
+        if name in kept or len(claims) > 1:
+            for claim in claims:
+                del named[claim]
+    return named
 
 
 def _magic(head: bytes) -> bool:
