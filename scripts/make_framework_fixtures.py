@@ -808,8 +808,8 @@ def make_mlx_whisper() -> None:
 def make_mlx_convs() -> None:
     """MLX models with convolutions only their shapes tell the layout of, by save_weights.
 
-    convs_ambiguous: one Conv2d(3, 8, 3) (``[8, 3, 3, 3]`` reads the same both ways) and a
-    Linear; convs_transposed: a Conv1d and a ConvTranspose1d; convs_transposed2d: a
+    convs_ambiguous: one Conv2d(3, 16, 3) (``[16, 3, 3, 3]`` reads the same both ways), a
+    LayerNorm and two Linear layers; convs_transposed: a Conv1d and a ConvTranspose1d; convs_transposed2d: a
     Conv2d(3, 6, 3) (either way) and a ConvTranspose2d (channels last only: it shows the
     file's layout). Parameters random (numpy seed 3); outputs for channels-last inputs beside.
     """
@@ -823,11 +823,14 @@ def make_mlx_convs() -> None:
     class Ambiguous(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.stem = nn.Conv2d(3, 8, 3)
-            self.fc = nn.Linear(8, 3)
+            self.stem = nn.Conv2d(3, 16, 3)
+            self.norm = nn.LayerNorm(16)
+            self.fc1 = nn.Linear(16, 16)
+            self.fc2 = nn.Linear(16, 3)
 
         def __call__(self, x: Any) -> Any:
-            return self.fc(nn.relu(self.stem(x)).mean(axis=(1, 2)))
+            x = self.norm(nn.relu(self.stem(x)).mean(axis=(1, 2)))
+            return self.fc2(nn.relu(self.fc1(x)))
 
     class Transposed(nn.Module):
         def __init__(self) -> None:
@@ -858,7 +861,7 @@ def make_mlx_convs() -> None:
     _record("mlx/convs", sorted(f"mlx/{name}{end}" for name in cases
                                 for end in (".safetensors", "_io.npz")),
             "MLX models (parameters randomised with numpy seed 3) saved by save_weights: a "
-            "Conv2d(3, 8, 3) and a Linear; a Conv1d and a ConvTranspose1d; a Conv2d(3, 6, 3) "
+            "Conv2d(3, 16, 3), a LayerNorm and two Linear; a Conv1d and a ConvTranspose1d; a Conv2d(3, 6, 3) "
             "and a ConvTranspose2d; x: channels-last inputs, y: MLX's outputs",
             ["mlx", "numpy"])
 

@@ -238,13 +238,18 @@ def _pair_guess(source: str, infos: tuple[TensorInfo, TensorInfo],
                 rotary: Step | None, options: Options) -> Guess | None:
     """What the pair's own layout leaves a guess.
 
-    A square bare parameter's orientation against a Linear's weight, or rotary rows reordered
-    with the model's head size.
+    A square bare parameter's orientation against a Linear's weight, a layout's reading of a
+    shape that reads the same two ways (:attr:`~torchgraft.graft.layouts.layout.Layout.doubt`),
+    or rotary rows reordered with the model's head size.
     """
     if unknown_orientation(*infos):
         return Guess((f"{source} (as stored)", f"{source} (transposed)"),
                      "a square bare parameter against a Linear's weight: neither its name nor "
                      "its shape says whether it is stored [out, in] or [in, out] (x @ W)")
+    for layout in options.layouts:
+        doubt = layout.doubt(*infos)
+        if doubt is not None:
+            return Guess((f"{source} (as stored)", f"{source} ({doubt[0]})"), doubt[1])
     if rotary is not None and not options.source_heads:
         return Guess((f"{source} read with another head count",),
                      "the checkpoint does not say its head count; its rotary rows were "
