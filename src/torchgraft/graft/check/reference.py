@@ -149,8 +149,9 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
     Returns:
         The reference, or ``None`` when there is nothing to compare with.
     """
-    if module is not None:
-        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
+    if module is not None:  # both codes at hand: compared on generated inputs where none given
+        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings,
+                            generate=True)
     try:
         candidate = _candidate(source, want)
     except TorchgraftError as exc:  # a config.json beside the file that cannot be read
@@ -186,13 +187,14 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
 
 def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
                  origin: str, roles: Inputs | None, warnings: list[str],
-                 made: str = "") -> Reference | None:
+                 made: str = "", *, generate: bool = False) -> Reference | None:
     """The reference with the caller's inputs, else ``roles``, bound to each forward by name.
 
     The caller's inputs as a mapping of argument names are bound to each model's ``forward``
     by name too (``input_ids`` goes to ``idx`` where that model calls it so). Without any,
     where the caller asked for a comparison (``verify=True``, or a model of the source's
-    code base), inputs are generated from the models' first modules, each to try in turn.
+    code base, or the source module itself: ``generate``), inputs are generated from the
+    models' first modules, each to try in turn.
 
     Args:
         module: The reference model.
@@ -203,6 +205,7 @@ def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[s
         roles: Inputs by role (the caller's, or generated from a config).
         warnings: Where to say why outputs are not compared.
         made: Where ``roles`` were generated from (empty: the caller's).
+        generate: Generate inputs where none are given (the source module is at hand).
     """
     if want.example_inputs is not None and not (
             isinstance(want.example_inputs, Mapping) and want.source_inputs is want.example_inputs):
@@ -211,11 +214,12 @@ def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[s
     if want.example_inputs is not None:
         roles, made = by_role(want.example_inputs), ""
     tries = [(roles, f"{made}: {describe_inputs(roles)}" if made else "")] if roles else []
-    if not tries and (want.verify is True or names):
+    asked = want.verify is True or bool(names) or generate
+    if not tries and asked:
         tries = [(inputs, f"from the models: {describe_inputs(inputs)}")
                  for inputs in from_modules(module, target)]
     if not tries:
-        if want.verify is True or names:
+        if asked:
             _give_up(warnings, f"no inputs can be generated for {origin} (no nn.Embedding, "
                                "convolution or nn.Linear says what it takes); give them as "
                                "example_inputs= (CLI: --inputs FILE or --input-shape N,C,H,W)")

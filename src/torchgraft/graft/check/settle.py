@@ -37,7 +37,7 @@ from ..search.activations import Run, as_call, differ, run_recorded
 from ..search.edits import Relayout, Rotate, moved_key
 from ..search.unit import MAX_TRIALS, Unit, apply_choice, same_type, search_unit
 from ..search.view import FOUND, PlanView
-from ..search.vocabulary import Choice, Dimension, Heads, dimensions, heads_of
+from ..search.vocabulary import Choice, Dimension, Heads, dimensions, heads_of, lookalikes
 from ..sides.model import state_tensors
 from .compare import NotComparable, Verification, compare
 from .reference import Reference
@@ -158,8 +158,8 @@ class _Search:
 
     def settle(self, unit: Unit, source: Run, reference: Reference, rtol: float) -> bool:
         """Search one unit (what was kept for its type first); spread what it keeps."""
-        searched = search_unit(self.target, self.view, self.state, unit, self._dimensions(),
-                               rtol=rtol, budget=MAX_TRIALS)
+        searched = search_unit(self.target, self.view, self.state, unit,
+                               self._dimensions(unit.watched), rtol=rtol, budget=MAX_TRIALS)
         self.view.cache.clear()
         self.tried += [f"'{unit.watched}': {t}" for t in searched.tried]
         if searched.choice is None:
@@ -172,15 +172,20 @@ class _Search:
         self.settled.append(f"{choice.describe()}, {FOUND}{more}")
         return True
 
-    def _dimensions(self) -> Callable[[str], list[Dimension]]:
-        """A scope's decision points, the choices kept for units of its type first."""
+    def _dimensions(self, watched: str) -> Callable[[str], list[Dimension]]:
+        """A scope's decision points, the choices kept for units of its type first.
+
+        The whole model's scope (the last) is what lies outside every block, and the
+        watched module exchanged with same-shape modules elsewhere.
+        """
         def found(scope: str) -> list[Dimension]:
             earlier = [Choice(tuple(e.moved(block, other) for e in choice.edits))
                        for kept_scope, choice in self.kept
                        for block, other in same_type(kept_scope, self.modules)
                        if scope == moved_key(kept_scope, block, other)]
             usable = [c for c in earlier if all(k in self.view.steps for k in c.keys)]
-            return [*([usable] if usable else []), *self.dimensions(scope)]
+            elsewhere = lookalikes(watched, self.shapes, self.everywhere) if not scope else []
+            return [*([usable] if usable else []), *self.dimensions(scope), *elsewhere]
         return found
 
     def _spread(self, scope: str, choice: Choice, source: Run, reference: Reference,

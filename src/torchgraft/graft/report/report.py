@@ -16,6 +16,7 @@ from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Gues
 from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
 from ..tensors import TensorInfo
 from .html import describe, render_html
+from .rules import rules_of
 from .summary import as_text, detail_rows, summary_rows
 
 __all__ = ["GraftError", "GraftReport"]
@@ -284,6 +285,36 @@ class GraftReport:
         with atomic_path(destination, overwrite=True) as temporary:
             temporary.write_text(render_html(self), encoding="utf-8")
         return destination
+
+    def to_rules(self, path: str | os.PathLike[str] | None = None) -> list[Any]:
+        """What this graft did, as rules that do it again with no search (``rules=``).
+
+        Operation rules make each tensor the model needs under its own key (fused rows taken
+        apart in the layout found, rotary rows, transposes), renaming rules name the rest: fed
+        back (``tg.graft(source, model, rules=...)``, CLI ``--rules FILE``), every key is
+        filled by name, as the user said, and the graft is ok by rule. A way to keep and share
+        a conversion between two code bases.
+
+        Args:
+            path: Where to write them as a rules file (JSON: ``{"rules": [...]}``), if given.
+
+        Returns:
+            The rules, in the order they apply.
+
+        Raises:
+            TorchgraftError: If the report holds no plan (one made by hand).
+        """
+        if self.plan is None:
+            raise TorchgraftError("this report holds no plan: only a graft's report (tg.graft) "
+                                  "can be written as rules")
+        rules = rules_of(self.plan)
+        if path is not None:
+            data = {"about": f"torchgraft rules: {self.headline()}; fed back with rules= "
+                             "(CLI: --rules FILE), every key is filled by its name",
+                    "rules": rules}
+            with atomic_path(Path(path), overwrite=True) as temporary:
+                temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        return rules
 
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""

@@ -35,7 +35,7 @@ from ..sides.heads import model_heads
 from .edits import Edit, Exchange, Relayout, Rotate, Transpose
 from .view import PlanView
 
-__all__ = ["Choice", "Dimension", "Heads", "choices", "dimensions", "heads_of"]
+__all__ = ["Choice", "Dimension", "Heads", "choices", "dimensions", "heads_of", "lookalikes"]
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,8 @@ def _exchanges(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
     """Same-shape siblings exchanged: modules, a module's tensors, a guess's alternatives.
 
     A module's tensors are exchanged with tensors of their kind only: parameters with
-    parameters, buffers (running statistics) with buffers.
+    parameters, buffers (running statistics) with buffers. A guessed module's alternatives are
+    one decision point: it is exchanged with one of them.
     """
     by_module: dict[str, list[str]] = {}
     for key in keys:
@@ -307,18 +308,16 @@ def _exchanges(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
             if shapes[a] == shapes[b] and (a in buffers) == (b in buffers):
                 found.append([Choice((Exchange(((a, b),)),))])
     for module in modules:
-        others = {_module(filled_from[alt]) for k in by_module[module]
-                  for alt in guesses.get(k, Guess((), "")).alternatives if alt in filled_from}
-        others |= {m for m, members in everywhere.items() if m != module
-                   and _signature(members, shapes) == _signature(by_module[module], shapes)}
-        others.discard(module)
-        for other in sorted(others, key=lambda m: -_shared(m, module))[:_LOOKALIKES]:
-            if other not in by_module or _module(other) != _module(module):
-                found.append([_module_exchange(module, other, everywhere)])
+        others = dict.fromkeys(_module(filled_from[alt]) for k in by_module[module]
+                               for alt in guesses.get(k, Guess((), "")).alternatives
+                               if alt in filled_from and _module(filled_from[alt]) != module)
+        found.append([_module_exchange(module, other, everywhere) for other in others
+                      if _signature(everywhere.get(other, []), shapes)
+                      == _signature(by_module[module], shapes)])
     return found
 
 
-#: At most this many same-shape modules elsewhere are exchanged with a unit's module.
+#: At most this many same-shape modules elsewhere are exchanged with a diverging module.
 _LOOKALIKES = 16
 
 
@@ -326,6 +325,23 @@ def _shared(a: str, b: str) -> int:
     """How many leading parts two module paths share."""
     return sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1],
                                               zip(a.split("."), b.split("."), strict=False)))
+
+
+def lookalikes(module: str, shapes: Mapping[str, tuple[int, ...]],
+               everywhere: Mapping[str, list[str]]) -> list[Dimension]:
+    """A module exchanged with one of the same-shape modules elsewhere, nearest first.
+
+    Structure can pair a module with another block's where names say nothing: tried last,
+    after the module's own unit, at most :data:`_LOOKALIKES` of them.
+    """
+    own = everywhere.get(module, [])
+    if not own:
+        return []
+    signature = _signature(own, shapes)
+    others = [m for m, members in everywhere.items()
+              if m != module and _signature(members, shapes) == signature]
+    others.sort(key=lambda m: -_shared(m, module))
+    return [[_module_exchange(module, other, everywhere) for other in others[:_LOOKALIKES]]]
 
 
 def _transposes(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> list[Dimension]:
@@ -346,8 +362,7 @@ def dimensions(keys: Sequence[str], view: PlanView, shapes: Mapping[str, tuple[i
         shapes: Every target key's shape.
         heads: What the models say of their attention.
         guesses: The plan's guesses, whose alternatives are exchanges to try.
-        everywhere: Every loaded module's keys (for same-shape modules elsewhere that
-            structure paired, tried against the unit's).
+        everywhere: Every loaded module's keys (a guess's alternatives' tensors).
         buffers: The model's buffer keys.
     """
     found: list[Dimension] = []
