@@ -38,7 +38,7 @@ from .layouts.rules import RulesSpec, read_rules
 from .plan.adapt import Init, LabelMap, reversible
 from .plan.build import Planned, PlanOptions, plan_graft
 from .plan.passes import computed_assumption
-from .plan.steps import Match, Plan
+from .plan.steps import Match, Plan, is_bookkeeping
 from .report.adapter_scope import scope_to_adapter
 from .report.report import GraftError, GraftReport
 from .sides.adapters import adapter_keys, refuse_plain_target
@@ -357,11 +357,13 @@ def _check(report: GraftReport, planned: Planned, sides: tuple[Any, GraftSource,
 def _plain_copy(plan: Plan, report: GraftReport) -> bool:
     """Whether the model should compute what the source computes, decided from the plan.
 
-    Every key is filled (nothing missing or re-initialised) and went through reversible
-    layout operations only, with no cast (a cast rounds, or makes the model compute in
-    another precision than its source).
+    Every key is filled, or what is missing may be in what the checkpoint holds and the plan
+    did not use (comparing outputs pairs it by what it computes); nothing re-initialised; and
+    every key went through reversible layout operations only, with no cast (a cast rounds, or
+    makes the model compute in another precision than its source).
     """
-    return (report.complete and not report.reinitialised and not report.new
+    pairable = report.complete or any(not is_bookkeeping(k) for k in report.unused)
+    return (pairable and not report.reinitialised and not report.new
             and all(not step.cast and all(reversible(op) is not None for op in step.ops)
                     for step in plan.steps))
 

@@ -65,8 +65,7 @@ def test_the_twin_whose_rows_no_layout_reads_stays_diverged() -> None:
     with torch.no_grad():
         for block in source.transformer.h:
             block.attn.qkv_proj.weight.copy_(block.attn.qkv_proj.weight.flip(0))
-    expected = _logits(source)
-    for block in source.transformer.h:  # the model computes as CodeGen does on flipped rows
+    for block in source.transformer.h:  # the source computes as before from reversed rows
         forward = block.attn.qkv_proj.forward
         block.attn.qkv_proj.forward = lambda x, f=forward: f(x).flip(-1)
     report = tg.graft(source, target)
@@ -80,7 +79,8 @@ def test_what_was_found_is_written_as_rules_that_fill_by_name(tmp_path: Path) ->
     report = tg.graft(source, searched)
     rules = report.to_rules(tmp_path / "rules.json")
     assert json.loads((tmp_path / "rules.json").read_text())["rules"] == rules
-    assert rules == [{"op": "deinterleave", "from": r"transformer\.h\.(0|1)\.attn\.qkv_proj\.weight",
+    assert rules == [{"op": "deinterleave",
+                      "from": r"transformer\.h\.(0|1)\.attn\.qkv_proj\.weight",
                       "to": [r"transformer.h.\1.attn.q_proj.weight",
                              r"transformer.h.\1.attn.v_proj.weight",
                              r"transformer.h.\1.attn.k_proj.weight"],

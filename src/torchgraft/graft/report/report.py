@@ -13,7 +13,7 @@ from typing import Any
 from ...atomic import atomic_path
 from ...errors import TorchgraftError
 from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Guess, Verdict
-from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
+from ..plan.steps import REINITIALISED, Plan, PlanStep, is_bookkeeping
 from ..tensors import TensorInfo
 from .html import describe, render_html
 from .rules import rules_of
@@ -178,6 +178,31 @@ class GraftReport:
         known = set(self.missing)
         self.missing += [key for key in reasons if key not in known]
         self.reasons.update(reasons)
+
+    def take_paired(self, steps: Mapping[str, PlanStep], used: Iterable[str], why: str) -> None:
+        """Record missing keys filled after the plan ran (a search paired them): guesses.
+
+        Args:
+            steps: Target key to the step that filled it.
+            used: The source keys they read (no longer unused).
+            why: How they were paired.
+        """
+        for key, step in steps.items():
+            if key not in self.mapping:
+                self.loaded.append(key)
+            self.mapping[key] = step.source
+            self.matched_by[key] = step.matched_by
+            self.evidence[key] = Evidence.GUESS
+            self.guesses[key] = Guess((), why)
+            self.reasons.pop(key, None)
+            done = step.describe()
+            if done:
+                self.adapted[key] = done
+        self.missing = [k for k in self.missing if k not in steps]
+        gone = set(used)
+        self.unused = [k for k in self.unused if k not in gone]
+        for key in gone:
+            self.reasons.pop(key, None)
 
     def mark_verified(self) -> None:
         """Outputs were compared equal: every loaded key is ``verified``, no guess is left.
