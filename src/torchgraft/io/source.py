@@ -230,6 +230,13 @@ class FileSource(ByteSource):
         by_descriptor = f"/proc/self/fd/{self.fd}"
         return by_descriptor if os.path.exists(by_descriptor) else str(self.path)
 
+    def place(self, offset: int) -> tuple[str, int]:
+        """Where byte ``offset`` of this source lies: :meth:`held_name`, and the offset there.
+
+        A range of a file (:class:`~torchgraft.io.window.Window`) gives the whole file's.
+        """
+        return self.held_name(), offset
+
     def _slice(self, offset: int, nbytes: int) -> torch.UntypedStorage:
         """A storage of its own viewing these bytes of the private mapping.
 
