@@ -122,24 +122,26 @@ def _ours(path: Path) -> bool:
         return False
 
 
-def _temporary_name(path: str | None, destination: Path) -> bool:
+def _temporary_name(path: str | None, destination: Path, unnamed: Path | None) -> bool:
+    """Whether an error's path is this write's temporary (never a file it reads from)."""
     return path is not None and (
         f"{destination.parent}{os.sep}.{destination.name}.tg-" in path
-        or path.startswith("/proc/self/fd/"))
+        or (unnamed is not None and path == str(unnamed)))
 
 
 @contextlib.contextmanager
-def _writing(destination: Path) -> Iterator[None]:
+def _writing(destination: Path, unnamed: Path | None = None) -> Iterator[None]:
     """Turn a failed write (full disk, read-only folder...) into an error naming it.
 
-    A writer's error about the temporary file names the destination instead; torch's
-    ``CheckpointException`` (a DCP save's failures, gathered from its ranks) becomes a
-    :class:`CheckpointWriteError` too.
+    A writer's error about the temporary file (``unnamed``: the unnamed file's
+    ``/proc/self/fd`` name) names the destination instead; an error about a file the write
+    reads keeps that file's name. torch's ``CheckpointException`` (a DCP save's failures,
+    gathered from its ranks) becomes a :class:`CheckpointWriteError` too.
     """
     try:
         yield
     except TorchgraftError as exc:
-        if _temporary_name(exc.path, destination):
+        if _temporary_name(exc.path, destination, unnamed):
             exc.path = None
             exc.located(destination)
         raise
@@ -323,9 +325,10 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
     destination = _writable(path, overwrite=overwrite)
     anonymous = _anonymous(destination.parent) if unnamed else None
     if anonymous is not None:
+        unnamed_path = Path(f"/proc/self/fd/{anonymous}")
         try:
-            with _writing(destination):
-                yield Path(f"/proc/self/fd/{anonymous}")
+            with _writing(destination, unnamed_path):
+                yield unnamed_path
                 os.fsync(anonymous)
                 os.fchmod(anonymous, 0o666 & ~_umask())
                 with _COMMITTING:

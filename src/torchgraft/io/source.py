@@ -20,7 +20,7 @@ from .boxes import box_reader
 from .contain import open_regular
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
-           "released_on_failure", "strided"]
+           "file_named", "released_on_failure", "strided"]
 
 #: The file sources opened inside the innermost :func:`released_on_failure` block.
 _OPENED: ContextVar[list[FileSource] | None] = ContextVar("torchgraft_opened", default=None)
@@ -269,6 +269,20 @@ class FileSource(ByteSource):
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def file_named(path: str) -> str:
+    """The file a held name stands for (:meth:`FileSource.held_name`), to name it in messages.
+
+    ``/proc/self/fd/N`` is this process's descriptor of a file: a message names the file it
+    was opened as, not the descriptor.
+    """
+    if path.startswith("/proc/self/fd/"):
+        try:
+            return os.readlink(path).removesuffix(" (deleted)")
+        except OSError:
+            return path
+    return path
 
 
 #: torch's own storage slice, without ``UntypedStorage.__getitem__``'s Python check of the
