@@ -80,6 +80,22 @@ def _wide_call(count: int) -> bytes:
     return b"\x80\x02cm\nC\n(" + b"K\x01" * count + b"tR."
 
 
+def _quick_memo_bomb(folder: Path) -> Callable[[], object]:
+    """A DCP folder whose ``.metadata`` stores one memo entry at index 2^27 (a 2 GiB memo),
+    read as ``torchgraft inspect`` reads it: the quick reader first, then the full one."""
+    from torchgraft.quick_inspect import quick_inspect
+
+    path = folder / "dcp"
+    path.mkdir()
+    (path / "__0_0.distcp").write_bytes(b"")
+    (path / ".metadata").write_bytes(b"\x80\x02Nr" + (1 << 27).to_bytes(4, "little") + b".")
+
+    def read() -> object:
+        assert quick_inspect(path) is None
+        return tg.inspect(path)
+    return read
+
+
 def _dcp_huge_chunk(folder: Path) -> Callable[[], object]:
     from torch.distributed.checkpoint import save
 
@@ -310,7 +326,8 @@ CASES: dict[str, Case] = {
     "qint8 1 byte as 2^15 x 2^15, stride 0": _quantized_stride0(torch.qint8, 1 << 15),
     "qint32 4 bytes as 2^16 x 2^16, stride 0": _quantized_stride0(torch.qint32, 1 << 16),
     "300k distinct unknown globals": _inspect_json(_distinct_globals(300_000 // SCALE), "g.pkl"),
-    "one global called 1M times": _inspect_json(_repeated_call(1_000_000 // SCALE), "h.pkl"),
+    "one global called 1M times": _inspect_json(_repeated_call(1_000_000), "h.pkl"),
+    "quick inspect: DCP .metadata memo index 2^27": _quick_memo_bomb,
     "inspect --json of a 1M-argument call": _inspect_json(_wide_call(1_000_000 // SCALE),
                                                           "i.pkl"),
     "DeepSpeed partition_count 'x'": _deepspeed("count"),
@@ -345,7 +362,6 @@ OUTCOMES: dict[str, str | None] = {
     "qint8 1 byte as 2^15 x 2^15, stride 0": None,
     "qint32 4 bytes as 2^16 x 2^16, stride 0": None,
     "300k distinct unknown globals": None,
-    "one global called 1M times": None,
     "inspect --json of a 1M-argument call": None,
     "HDF5 external storage naming /etc/hostname": "UnsupportedCheckpointError",
     "MLX config.json linking out": "OutsideCheckpointError",

@@ -14,6 +14,7 @@ reader then runs, with its checks and its errors. The summary is the one
 from __future__ import annotations
 
 import collections
+import io
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from typing import Any
 from .gguf_header import MAGIC as GGUF_MAGIC
 from .gguf_header import plan as gguf_plan
 from .inspect import BUFFER_NAMES, CheckpointInfo, DtypeTotals
+from .pickle_walk import walk_opcodes
 from .wrappers import detect_wrappers
 
 __all__ = ["QuickMeta", "quick_inspect"]
@@ -166,6 +168,18 @@ def _numpy(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     return tensors, {}, "numpy"
 
 
+def _walked(data: bytes) -> io.BytesIO:
+    """A pickle's bytes (at most the quick reader's limit) to unpickle, its opcodes walked.
+
+    :mod:`~torchgraft.pickle_walk` refuses what the unpickler would allocate on the file's
+    word (a memo index of 2**30 in a 10-byte file), as the full reader does.
+    """
+    if len(data) > _MAX_PICKLE:
+        raise _NotQuick
+    walk_opcodes(io.BytesIO(data), len(data))
+    return io.BytesIO(data)
+
+
 class _Storage:
     def __init__(self, dtype: str, key: str, location: str, numel: int) -> None:
         self.dtype, self.key, self.location, self.numel = dtype, key, location, numel
@@ -299,7 +313,7 @@ def _dcp(folder: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     if metadata_path.is_symlink() or metadata_path.stat().st_size > _MAX_PICKLE:
         raise _NotQuick
     with metadata_path.open("rb") as f:
-        metadata = _DcpUnpickler(f).load()
+        metadata = _DcpUnpickler(_walked(f.read(_MAX_PICKLE + 1))).load()
     if not isinstance(metadata, _Record) or type(metadata).__name__ != "Metadata":
         raise _NotQuick
     stored = _dcp_storage(folder, metadata.field("storage_data"))
@@ -338,7 +352,7 @@ def _torch_zip(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
                 with archive.open(member):  # its local header checked, no data read
                     storages[member.filename.removeprefix(f"{base}data/")] = member.file_size
         with archive.open(info) as f:
-            root = _Unpickler(f, storages).load()
+            root = _Unpickler(_walked(f.read(_MAX_PICKLE + 1)), storages).load()
     if not isinstance(root, dict) or not root or not all(
             isinstance(k, str) and isinstance(v, QuickMeta) for k, v in root.items()):
         raise _NotQuick  # a training checkpoint, extras...: the full reader sorts them out
