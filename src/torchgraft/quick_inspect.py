@@ -30,6 +30,7 @@ from .gguf_header import MAGIC as GGUF_MAGIC
 from .gguf_header import plan as gguf_plan
 from .inspect import BUFFER_NAMES, CheckpointInfo, DtypeTotals
 from .pickle_walk import walk_opcodes
+from .tiling import tiles
 from .wrappers import detect_wrappers
 
 __all__ = ["QuickMeta", "quick_inspect"]
@@ -280,6 +281,7 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
     if not isinstance(storage_data, dict):
         raise _NotQuick
     stored = set()
+    sizes: dict[str, int] = {}  # each data file looked at once, however many items it holds
     for index, info in storage_data.items():
         if not isinstance(index, _Record) or not isinstance(info, _Record):
             raise _NotQuick
@@ -287,9 +289,13 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
         if info.field("transform_descriptors") or not isinstance(relative, str) or any(
                 not isinstance(v, int) for v in (offset, length)):
             raise _NotQuick
-        file = folder / relative
-        if "/" in relative or relative.startswith(".") or file.is_symlink() or not file.is_file() \
-                or not 0 <= offset <= offset + length <= file.stat().st_size:
+        if relative not in sizes:
+            file = folder / relative
+            if "/" in relative or relative.startswith(".") or file.is_symlink() \
+                    or not file.is_file():
+                raise _NotQuick
+            sizes[relative] = file.stat().st_size
+        if not 0 <= offset <= offset + length <= sizes[relative]:
             raise _NotQuick
         where = index.field("offset")
         stored.add((str(index.field("fqn")), None if where is None else _shape(where)))
@@ -297,15 +303,15 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
 
 
 def _covered(size: tuple[int, ...], chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
-    """Whether the chunks lie inside the tensor and cover it exactly, none overlapping."""
-    if len(chunks) > 4096 or any(
-            len(o) != len(size) or len(n) != len(size)
-            or any(a + b > d for a, b, d in zip(o, n, size, strict=True)) for o, n in chunks):
+    """Whether the chunks lie inside the tensor and cover it exactly, none overlapping.
+
+    Linear in the chunks (:func:`~torchgraft.tiling.tiles`), as the full reader checks them.
+    """
+    if any(len(o) != len(size) or len(n) != len(size)
+           or any(a < 0 or b < 0 or a + b > d for a, b, d in zip(o, n, size, strict=True))
+           for o, n in chunks):
         return False
-    overlap = any(all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2, strict=True))
-                  for k, (o1, s1) in enumerate(chunks) for o2, s2 in chunks[k + 1:]
-                  if math.prod(s1) and math.prod(s2))
-    return not overlap and sum(math.prod(n) for _o, n in chunks) == math.prod(size)
+    return sum(math.prod(n) for _o, n in chunks) == math.prod(size) and bool(tiles(size, chunks))
 
 
 def _dcp(folder: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
