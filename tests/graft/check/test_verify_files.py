@@ -180,6 +180,33 @@ def test_a_config_asking_for_remote_code_builds_nothing(tmp_path: Path) -> None:
     assert from_folder(tmp_path) is None
 
 
+@pytest.mark.parametrize(("config", "reason"), [
+    ({"architectures": ["LlamaForCausalLM"], "auto_map": {"AutoModel": "evil.Model"}},
+     "asks for remote code ('auto_map': {'AutoModel': 'evil.Model'}), which torchgraft never "
+     "runs"),
+    ({"architectures": ["os.system"]}, "names 'os.system', which is no model class"),
+    ({"model_type": "mine"}, "names no transformers class"),
+    ([1, 2], "is not a JSON object"),
+], ids=["remote code", "not transformers'", "no architectures", "not an object"])
+def test_a_config_that_builds_no_model_is_named_with_its_reason(
+        tmp_path: Path, config: object, reason: str) -> None:
+    """verify=True is refused naming the config.json and why it builds nothing; without it,
+    the warning says the same (the reason alone, before: the file went unnamed)."""
+    torch.save(nn.Linear(3, 4).state_dict(), tmp_path / "linear.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(tg.TorchgraftError) as caught:
+        tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4), verify=True)
+    assert str(caught.value).startswith(f"{tmp_path / 'config.json'}: verify=True needs "
+                                        "something to compare with"), caught.value
+    assert reason in str(caught.value)
+    report = tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4))
+    assert any(f"{tmp_path / 'config.json'} builds no model: it" in w and reason in w
+               for w in report.warnings), report.warnings
+    (tmp_path / "config.json").unlink()  # the control: no config, nothing to name
+    with pytest.raises(tg.TorchgraftError, match="^verify=True needs something to compare"):
+        tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4), verify=True)
+
+
 def test_a_config_naming_no_transformers_model_builds_nothing(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["os.system"]}))
     assert from_folder(tmp_path) is None

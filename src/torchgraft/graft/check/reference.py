@@ -16,7 +16,6 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -26,7 +25,14 @@ from ...renames import Rule
 from ..report.report import GraftReport
 from ..sides.inputs import Inputs, bind, by_role, describe_inputs, from_config, from_modules
 from .compare import Call, as_call
-from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
+from .source_model import (
+    MAX_AUTO_BYTES,
+    SourceModel,
+    SourceModelLike,
+    from_folder,
+    resolve,
+    unbuilt,
+)
 
 __all__ = ["Reference", "Want", "expect_reference", "reference_for"]
 
@@ -124,6 +130,12 @@ def expect_reference(source: Any, module: nn.Module | None, want: Want) -> None:
     except TorchgraftError as exc:
         raise TorchgraftError(f"verify=True: {exc}") from None
     if candidate is None:
+        why = unbuilt(source) if isinstance(source, (str, os.PathLike)) else None
+        if why is not None:  # a config beside the file, refused: named, with the reason
+            config, reason = why
+            raise TorchgraftError(f"verify=True needs something to compare with, and this "
+                                  f"config builds no model: {reason}; give source_model= "
+                                  "(CLI: --source-model MODULE:FACTORY)", path=config)
         raise TorchgraftError(_NOTHING)
 
 
@@ -246,12 +258,11 @@ def _unbuilt_config(source: Any, warnings: list[str]) -> None:
     """Say so when a checkpoint's folder has a config.json that no model is built from."""
     if not isinstance(source, (str, os.PathLike)):
         return
-    folder = Path(source) if Path(source).is_dir() else Path(source).parent
-    if (folder / "config.json").is_file():
-        warnings.append(f"outputs were not compared: {folder / 'config.json'} names no "
-                        "transformers class torchgraft builds (another library's config, "
-                        "remote code, or transformers not installed); give source_model= "
-                        "(CLI: --source-model MODULE:FACTORY) to compare")
+    why = unbuilt(source)
+    if why is not None:
+        config, reason = why
+        warnings.append(f"outputs were not compared: {config} builds no model: {reason}; give "
+                        "source_model= (CLI: --source-model MODULE:FACTORY) to compare")
 
 
 def _candidate(source: Any, want: Want) -> SourceModel | None:

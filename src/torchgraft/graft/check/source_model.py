@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import TorchgraftError
+from ...errors import TorchgraftError, shown
 from ...renames import Rule
 from ..layouts.norms import norm_offsets
 from ..sides.build import empty_parameters
@@ -35,7 +35,7 @@ from ..sides.inputs import Inputs, from_config
 from ..sides.model import state_tensors, unwrap
 
 __all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "from_folder", "meta_copy",
-           "resolve", "source_norms", "transformers_renames"]
+           "resolve", "source_norms", "transformers_renames", "unbuilt"]
 
 logger = logging.getLogger("torchgraft")
 
@@ -100,20 +100,50 @@ def _what_computes(config: Any) -> dict[str, Any] | None:
         if isinstance(data, dict) else None
 
 
-def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | None:
-    """The transformers class a config names, if transformers has it (never remote code)."""
+def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | str:
+    """The transformers class a config names, if transformers has it; else why none is built.
+
+    Remote code (``auto_map``) is never run, and no module is imported because a config
+    names it: the class is looked up among transformers' own exports.
+    """
     names = data.get("architectures")
+    if data.get("auto_map"):
+        return (f"it asks for remote code ('auto_map': {shown(data['auto_map'], 80)}), which "
+                "torchgraft never runs")
     if not isinstance(names, list) or not names or not isinstance(names[0], str):
-        return None
-    if data.get("auto_map") or importlib.util.find_spec("transformers") is None:
-        return None  # remote code is never run; without transformers there is nothing to build
+        return "it names no transformers class ('architectures'): another library's config"
+    if importlib.util.find_spec("transformers") is None:
+        return f"it names {shown(names[0], 80)}, and transformers is not installed"
     import transformers
 
     cls = getattr(transformers, names[0], None)
     base = getattr(transformers, "PreTrainedModel", None)
     if not isinstance(cls, type) or base is None or not issubclass(cls, base):
-        return None
+        return f"it names {shown(names[0], 80)}, which is no model class of transformers"
     return cls
+
+
+def unbuilt(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
+    """Why the ``config.json`` beside a checkpoint describes no model torchgraft builds.
+
+    Args:
+        path: A checkpoint folder, or a file in one.
+
+    Returns:
+        The config's path and the reason; ``None`` when there is no readable config, or it
+        describes a model (:func:`from_folder` builds it).
+    """
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+    config = folder / "config.json"
+    try:
+        data = read_config(folder)
+    except TorchgraftError:
+        return None
+    if data is None:
+        return (config, "it is not a JSON object") if config.is_file() else None
+    found = _transformers_class(data)
+    return (config, found) if isinstance(found, str) else None
 
 
 def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
@@ -133,7 +163,7 @@ def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
     folder = folder if folder.is_dir() else folder.parent
     data = read_config(folder)
     cls = _transformers_class(data) if data is not None else None
-    if cls is None or data is None:
+    if cls is None or isinstance(cls, str) or data is None:
         return None
     try:
         config = cls.config_class.from_dict(dict(data))  # type: ignore[attr-defined]
