@@ -370,5 +370,5 @@ def plain_ref(source: FileSource, offset: int, meta: TensorMeta, *, what: str) -
     def read_at(start: int, out: torch.Tensor) -> None:
         source.read_into(offset + start, out, what=what)
 
-    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset),
+    return TensorRef(meta, read, read_into, span=lambda: source.place(offset),
                      read_box=box_reader(meta.shape, meta.dtype, read_at))
