@@ -48,6 +48,7 @@ def test_every_real_pickle_passes_and_ends_where_pickletools_ends_it(
     """Read whole, and a few bytes at a time (a legacy file's pickle from a stream): each
     opcode cut at a chunk's end is read on, never taken for another."""
     monkeypatch.setattr(pickle_walk, "_CHUNK", chunk)
+    monkeypatch.setattr(pickle_walk, "_FIRST", chunk)
     for data in _pickles():
         followed = data + b"\x00 storages follow"
         assert walk_opcodes(io.BytesIO(followed), len(followed)) == _genops_end(data) \

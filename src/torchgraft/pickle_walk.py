@@ -69,8 +69,9 @@ _RUN = re.compile(b"(?:" + b"|".join([
     *(_short(width) for width in (1, 4, 8)),
     b"[ILFSVPg][^\n]*\n", b"[ci][^\n]*\n[^\n]*\n", b"p[0-9]{1,5}\n",
     b"r" + _ANY + b"{2}\x00\x00", b"\x95" + _ANY + b"{3}\x00{5}"]) + b")*+")
-#: Bytes read at a time from a stream (a legacy torch file's pickle, before its storages).
-_CHUNK = 4 << 20
+#: Bytes read at a time from a stream: the first read, and the most it grows to, doubling
+#: (a legacy torch file's pickle is small, and its storages follow: they are never read).
+_FIRST, _CHUNK = 64 << 10, 4 << 20
 
 
 class _Bytes:
@@ -85,6 +86,7 @@ class _Bytes:
         self.end = end
         self.base = stream.tell()
         self.data = b""
+        self.chunk = min(_FIRST, _CHUNK)
         self.seek(self.base)
 
     @property
@@ -102,7 +104,8 @@ class _Bytes:
             return at
         kept = self.data[at:]
         self.base += at
-        self.data = kept + self.stream.read(min(max(_CHUNK, count),
+        self.chunk = min(2 * self.chunk, _CHUNK)
+        self.data = kept + self.stream.read(min(max(self.chunk, count),
                                                 self.end - self.base - len(kept)))
         return 0
 
@@ -110,7 +113,7 @@ class _Bytes:
         """Let go of what is held and go on from stream position ``position``."""
         self.stream.seek(position)
         self.base = position
-        self.data = self.stream.read(min(_CHUNK, max(self.end - position, 0)))
+        self.data = self.stream.read(min(self.chunk, max(self.end - position, 0)))
 
     def lines(self, at: int, count: int) -> tuple[int, int]:
         """Find the end of the ``count`` text lines after the opcode at ``at``.
