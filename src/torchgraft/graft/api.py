@@ -201,13 +201,15 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
     with open_source(source, opening, example_inputs=source_inputs) as opened:
+        shapes = {key: info.shape for key, info in opened.side.tensors.items()}
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
-                        for info in opened.side.tensors.values()))
+                        for info in opened.side.tensors.values()), source_shapes=shapes)
         expect_reference(source, opened.module, want)  # before the model is touched
         into = _Into(_with_own_renames(rules, target, walked, opened),
                      PlanOptions(match, adapt, init, label_map),
-                     source_norms(source, opened.module, source_model), device, progress)
+                     source_norms(source, opened.module, source_model, shapes=shapes), device,
+                     progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
                                       assign=opened.private)
