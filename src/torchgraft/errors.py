@@ -128,7 +128,9 @@ class UnsafeCheckpointError(TorchgraftError):
     trust.)
 
     Args:
-        global_name: The dotted name of the refused global, e.g. ``"posix.system"``.
+        global_name: The dotted name of the refused global, e.g. ``"posix.system"`` (kept as
+            :attr:`global_name` with the name users know beside it: ``"posix.system
+            (os.system)"``).
         path: The file that asked for it.
         call: The arguments the file passes to it, where it calls it: the message shows them
             (bounded, escaped), so that it says what the file would run.
@@ -136,9 +138,9 @@ class UnsafeCheckpointError(TorchgraftError):
 
     def __init__(self, global_name: str, *, path: str | Path | None = None,
                  call: tuple[Any, ...] | None = None) -> None:
-        self.global_name = global_name
         module, _, name = global_name.rpartition(".")
         known = f"os.{name}" if module in ("posix", "nt") else global_name
+        self.global_name = global_name if known == global_name else f"{global_name} ({known})"
         also = f" ({global_name})" if known != global_name else ""
         if call is None:
             what = f"would call {known}{also} while it is read"

@@ -124,6 +124,24 @@ def test_rows_are_cut_only_on_a_terminal() -> None:
             assert " ".join(text.split()) == " ".join(f"missing {rows[0][1]} {rows[0][2]}".split())
 
 
+def test_piped_rows_never_wrap_a_number_away_from_its_word() -> None:
+    import textwrap
+
+    from rich.console import Console
+
+    from torchgraft.cli.render import print_rows
+
+    note = ("outputs were not compared: --source-model could not be filled from the "
+            "checkpoint by name (graft UNVERIFIED: 12 loaded, 12 renamed, 10 guessed)")
+    # the control: a plain word wrap at this width leaves "10" at the end of a line
+    assert textwrap.wrap(note, width=68)[1].endswith(" 10")
+    console = Console(width=80, force_terminal=False, no_color=True, record=True)
+    print_rows(console, [("warning", "", note)])
+    lines = console.export_text().splitlines()
+    assert len(lines) > 1 and not any(re.search(r"\d$", line) for line in lines), lines
+    assert " ".join(" ".join(lines).split()) == f"warning {note}"
+
+
 @pytest.mark.slow
 def test_details_lists_every_key_and_quiet_only_the_verdict(
         tmp_path: Path, setup: tuple[Path, Path]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import re
 import subprocess
 import sys
@@ -180,3 +181,23 @@ def test_a_buffer_kept_as_the_model_computed_it_is_shown_as_initialised() -> Non
     page.feed(render_html(report))
     kinds = [attrs.get("data-kind") for tag, attrs in page.tags if attrs.get("data-kind")]
     assert "initialised" in kinds and "computed by the model's code" in "".join(page.text)
+
+
+def test_the_page_names_file_and_model_and_gives_a_command_to_copy(tmp_path: Path) -> None:
+    """Title with the checkpoint and the model; modules, not keys, need a look; no mid-word
+    breaks; the call that settles it. The control: an ok graft has nothing to copy."""
+    backbone = nn.Sequential(nn.Linear(4, 4))
+    torch.save(backbone.state_dict(), tmp_path / "backbone.pt")
+    model = nn.Sequential(nn.Linear(4, 4))
+    model.add_module("classifier_head", nn.Linear(4, 3))
+    text = tg.graft(tmp_path / "backbone.pt", model).to_html(tmp_path / "r.html").read_text()
+    path = str(tmp_path / "backbone.pt")
+    assert f"<title>{html.escape(path)} into Sequential: incomplete - torchgraft</title>" in text
+    assert f"<p class=sides id=sides>{html.escape(path)} into Sequential</p>" in text
+    assert re.search(r'<li>missing: <a href="#t\d+">classifier_<wbr>head \(2 keys\)</a>', text)
+    assert "break-all" not in text  # names break after a dot or an underscore only
+    assert "<b>weight</b>" in text and "classifier_<wbr>head" in text
+    command = html.escape(f"tg.graft({path!r}, model, new='classifier_head')")
+    assert f"<pre class=command id=command>{command}</pre>" in text
+    ok = tg.graft(tmp_path / "backbone.pt", nn.Sequential(nn.Linear(4, 4)))
+    assert "id=command" not in ok.to_html(tmp_path / "ok.html").read_text()
