@@ -103,3 +103,9 @@ def test_a_pattern_naming_nothing_names_the_nearest_modules() -> None:
         assert f"the nearest names in it are {nearest}" in message, message
         assert "stem.weight" not in message  # not the first keys
     assert tg.graft(_backbone().state_dict(), model, new="classifier").ok  # the control
+
+
+def test_the_last_of_many_numbered_blocks_is_no_head() -> None:
+    targets = [f"blocks.{i}.weight" for i in range(6)]
+    assert new_parts(targets, {f"blocks.{i}.weight" for i in range(2, 6)}) == []
+    assert new_parts(targets, {"blocks.5.weight"}) == ["blocks.5"]  # the control: one block

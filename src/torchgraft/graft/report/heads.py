@@ -10,7 +10,8 @@ proposes the exact names to declare, for what looks like such a part:
   ``head.norm``), and
 - **named like a head** (a part of its name is ``classifier``, ``head``, ``fc``, ``lm_head``,
   ``score``, ``logits``, ``cls``, or ends so: ``cls_score``, ``mask_head``), or the **last**
-  such module of the model, with nothing the checkpoint filled after it.
+  such module of the model, with nothing the checkpoint filled after it (not the last of a
+  run of numbered blocks the checkpoint lacks: ``experts.1999`` after ``experts.1998``).
 
 It is a proposal, said as one ("if ... is new on purpose"): a key missing because the
 checkpoint names it otherwise is settled with rules instead.
@@ -76,8 +77,17 @@ def new_parts(targets: Sequence[str], troubled: Collection[str]) -> list[str]:
             whole.add(highest)
     found = sorted(whole, key=lambda m: first[m])
     last = found[-1] if found and first[found[-1]] > last_good else None
+    if last is not None and len(found) > 1 and _numbered_run(found[-2], last):
+        last = None  # the last of many numbered blocks the checkpoint lacks: no head
     return [m for m in found if m == last
             or any(HEAD_NAME.search(part) for part in m.split("."))][:_MOST]
+
+
+def _numbered_run(before: str, last: str) -> bool:
+    """Whether two modules are numbered siblings (``experts.8``, ``experts.9``)."""
+    parent, _, number = last.rpartition(".")
+    other_parent, _, other = before.rpartition(".")
+    return number.isdigit() and other.isdigit() and parent == other_parent
 
 
 def python_new(modules: Iterable[str]) -> str:
