@@ -150,8 +150,6 @@ def calls(work: Callable[[], object]) -> int:
         work()
     finally:
         sys.settrace(previous)
-    if os.environ.get("TG_PRINT_CALLS"):
-        print("CALLS", count, file=sys.stderr)
     return count
 
 
