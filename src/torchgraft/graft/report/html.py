@@ -415,7 +415,7 @@ def render_html(report: GraftReport, *, title: str | None = None,
         + _attention(looks, target_id)
         + (f"<ul class=notes>{''.join(f'<li>{_text(n)}</li>' for n in notes)}</ul>"
            if notes else "")
-        + (f"<h2>to settle, copy:</h2><pre class=command id=command>{_text(command)}</pre>"
+        + (f"<h2>copy and run:</h2><pre class=command id=command>{_text(command)}</pre>"
            if command else "")
         + f"</header><nav id=filters>{_filters(kinds, evidences)}</nav><main>"
         f"<section id=target><h2>model: {len(targets)} tensors</h2>{''.join(target_html)}"
