@@ -95,7 +95,7 @@ def nearest_modules(pattern: str, keys: Iterable[str], most: int = 5) -> list[st
 
 def declare_new(report: GraftReport, model: nn.Module, patterns: tuple[str, ...],
                 init: Init) -> None:
-    """Missing keys the patterns name become new; those the checkpoint filled, a warning.
+    """Missing or re-initialised keys the patterns name become new; filled ones, a warning.
 
     Args:
         report: The graft's report, changed in place.
@@ -107,35 +107,51 @@ def declare_new(report: GraftReport, model: nn.Module, patterns: tuple[str, ...]
     if not patterns:
         return
     state = state_tensors(model)
-    unused = set(report.unused)
-    replaced = {report.reasons.get(source): source for source in report.unused}
-    troubled = [*report.missing, *report.reinitialised]
-    declared = {key: next(p for p in patterns if named_by(p, key)) for key in troubled
-                if any(named_by(p, key) for p in patterns)}
-    for key, pattern in declared.items():
+    for key in [*report.missing, *report.reinitialised]:
+        pattern = next((p for p in patterns if named_by(p, key)), None)
         tensor = state.get(key)
-        if tensor is None or tensor.is_meta:
-            continue  # nothing holds a value for it: still missing
-        how = f"declared new (new='{pattern}'): "
-        if init != "keep":
-            with torch.no_grad():
-                tensor.copy_(fresh_values(tensor.detach(), init))
-            how += f"init='{init}'"
-        elif key in report.initialised:
-            how += f"computed by the model's code ({report.initialised[key]})"
-        else:
-            how += "the model's own values, as its code initialised them"
-        if key in report.reinitialised:  # the checkpoint's head it replaces says so
-            source = key if key in unused else replaced.get(f"'{key}' {REINITIALISED}")
-            if source is not None:
-                report.reasons[source] = (f"'{key}' is declared new (new='{pattern}'): the "
-                                          "checkpoint's head of other rows is not used")
-        report.new[key] = how
+        if pattern is None or tensor is None or tensor.is_meta:
+            continue  # not declared, or nothing holds a value for it: as it was
+        how = _initialised(report, key, tensor, init)
+        report.new[key] = f"declared new (new='{pattern}'): {how}"
+    _replaced(report, patterns)
+    unused = set(report.unused)
+    for key in report.new:
         if key not in unused:  # a checkpoint key of the same name keeps its reason
             report.reasons.pop(key, None)
     report.missing = [key for key in report.missing if key not in report.new]
     report.reinitialised = {k: v for k, v in report.reinitialised.items()
                             if k not in report.new}
+    _filled_anyway(report, patterns)
+
+
+def _initialised(report: GraftReport, key: str, tensor: torch.Tensor, init: Init) -> str:
+    """How a key declared new gets its values (``init=``'s, given here), in words."""
+    if init != "keep":
+        with torch.no_grad():
+            tensor.copy_(fresh_values(tensor.detach(), init))
+        return f"init='{init}'"
+    if key in report.initialised:
+        return f"computed by the model's code ({report.initialised[key]})"
+    return "the model's own values, as its code initialised them"
+
+
+def _replaced(report: GraftReport, patterns: tuple[str, ...]) -> None:
+    """The checkpoint's head that a head declared new replaces says so (it stays unused)."""
+    unused = set(report.unused)
+    replaced = {report.reasons.get(source): source for source in report.unused}
+    for key in report.reinitialised:
+        if key not in report.new:
+            continue
+        source = key if key in unused else replaced.get(f"'{key}' {REINITIALISED}")
+        pattern = next(p for p in patterns if named_by(p, key))
+        if source is not None:
+            report.reasons[source] = (f"'{key}' is declared new (new='{pattern}'): the "
+                                      "checkpoint's head of other rows is not used")
+
+
+def _filled_anyway(report: GraftReport, patterns: tuple[str, ...]) -> None:
+    """A warning for each pattern naming keys the checkpoint fills: they are not new."""
     for pattern in patterns:
         filled = [k for k in report.loaded if named_by(pattern, k)]
         if filled:
@@ -143,4 +159,3 @@ def declare_new(report: GraftReport, model: nn.Module, patterns: tuple[str, ...]
                 f"new='{pattern}' names {len(filled)} keys the checkpoint fills (e.g. "
                 f"'{filled[0]}' <- '{report.mapping[filled[0]]}'): they are filled from the "
                 "checkpoint, not new")
-
