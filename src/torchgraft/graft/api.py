@@ -219,7 +219,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         declare_new(report, target, declared, init)
         if not sharded and (verify is True or (verify == "auto"
                                                and _plain_copy(planned.plan, report))):
-            _check(report, planned.plan, (source, opened, target),
+            _check(report, planned, (source, opened, target),
                    replace(want, by_name=_by_name(planned.plan, report)))
     return _finished(report, strict=strict)
 
@@ -351,7 +351,7 @@ def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> 
     report.add_missing(dict.fromkeys(initialised.skipped, _STILL_ON_META))
 
 
-def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Module],
+def _check(report: GraftReport, planned: Planned, sides: tuple[Any, GraftSource, nn.Module],
            want: Want) -> None:
     """Compare outputs with the source's, where there is something to compare with.
 
@@ -369,7 +369,7 @@ def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Mo
 
     reference = reference_for(source, opened.module, target, want, fill, report.warnings)
     if reference is not None:
-        verify_graft(report, plan, target, reference)
+        verify_graft(report, planned.plan, target, reference, refs=planned.refs)
 
 
 def _plain_copy(plan: Plan, report: GraftReport) -> bool:

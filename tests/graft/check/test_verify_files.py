@@ -114,32 +114,42 @@ class _Block(nn.Module):
 def test_a_unit_that_structure_swapped_is_settled() -> None:
     """Two same-shape norms filled the wrong way round (as structure can do where names say
     nothing): outputs compared with the source find the first diverging norm, try the
-    same-shape modules, keep the swap that makes it agree."""
-    from torchgraft.graft.check.compare import as_call
+    same-shape modules, keep the exchange that makes it agree, and record it in the plan."""
+    from dataclasses import replace
+
     from torchgraft.graft.check.reference import Reference
     from torchgraft.graft.check.settle import verify_graft
-    from torchgraft.graft.plan.steps import Plan
+    from torchgraft.graft.search.activations import as_call
+    from torchgraft.meta import TensorMeta, TensorRef
 
     torch.manual_seed(0)
     source = randomise(nn.Sequential(_Block("zeta", "alpha"), _Block("zeta", "alpha")))
     target = nn.Sequential(_Block("pre", "post"), _Block("pre", "post")).eval()
     x = torch.randn(3, 8)
     report = tg.graft(source, target, verify=False, example_inputs=(x,), source_inputs=(x,))
-    assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    plan = report.plan
+    assert plan is not None and report.mapping["0.pre.weight"] == "0.zeta.weight"
+    steps = {s.target: s for s in plan.steps}
     with torch.no_grad():  # what a wrong structural match leaves
         for leaf in ("weight", "bias"):
+            first, second = f"0.pre.{leaf}", f"0.post.{leaf}"
             pre, post = getattr(target[0].pre, leaf), getattr(target[0].post, leaf)
             held = pre.clone()
             pre.copy_(post)
             post.copy_(held)
-            report.mapping[f"0.pre.{leaf}"], report.mapping[f"0.post.{leaf}"] = (
-                report.mapping[f"0.post.{leaf}"], report.mapping[f"0.pre.{leaf}"])
-    verify_graft(report, Plan(), target, Reference(source, as_call((x,)), as_call((x,)), {},
-                                                   "the source"))
+            steps[first], steps[second] = (replace(steps[second], target=first),
+                                           replace(steps[first], target=second))
+            report.mapping[first], report.mapping[second] = (steps[first].source,
+                                                             steps[second].source)
+    plan.steps = [steps[s.target] for s in plan.steps]
+    refs = {key: TensorRef(TensorMeta.of(tuple(t.shape), t.dtype), t.detach().clone)
+            for key, t in source.state_dict().items()}
+    verify_graft(report, plan, target, Reference(source, as_call((x,)), as_call((x,)), {},
+                                                 "the source"), refs=refs)
     assert report.verdict is Verdict.OK, str(report)
-    assert report.settled == ["'0.pre' and '0.post' swapped (same shapes, matched by "
-                              "structure)"]
+    assert report.settled == ["'0.pre' and '0.post' exchanged, found by comparing activations"]
     assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    assert {s.target: s.source for s in plan.steps}["0.pre.weight"] == "0.zeta.weight"
     with torch.no_grad():
         assert torch.allclose(target(x), source(x))
 

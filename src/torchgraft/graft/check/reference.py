@@ -24,8 +24,8 @@ from torch import nn
 from ...errors import TorchgraftError
 from ...renames import Rule
 from ..report.report import GraftReport
+from ..search.activations import Call, as_call
 from ..sides.inputs import Inputs, bind, by_role, describe_inputs, from_config, from_modules
-from .compare import Call, as_call
 from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
 
 __all__ = ["Reference", "Want", "expect_reference", "reference_for"]
