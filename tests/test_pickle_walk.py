@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import torchgraft as tg
-from tests.helpers import assert_operations_scale_linearly, operations
+from tests.helpers import assert_scales_linearly, calls
 from torchgraft import pickle_walk
 from torchgraft.pickle_walk import walk_opcodes
 
@@ -102,6 +102,6 @@ _FLOODS = {
 def test_the_walk_is_linear_in_the_opcodes(flood: str) -> None:
     def walked(count: int) -> int:
         data = _FLOODS[flood](count)
-        return operations(lambda: walk_opcodes(io.BytesIO(data), len(data)))
+        return calls(lambda: walk_opcodes(io.BytesIO(data), len(data)))
 
-    assert_operations_scale_linearly(walked, 2000)
+    assert_scales_linearly(walked, 2000)

@@ -199,13 +199,13 @@ def _chunk_flood(folder: Path, chunks: int, *, tensors: int = 4, overlap: bool =
 def test_chunk_floods_are_checked_in_linear_work(tmp_path: Path) -> None:
     """4 tensors of thousands of one-element chunks: the quick reader checked every pair of
     chunks (4 tensors of 4,096: over 20 CPU seconds); now as many steps as chunks."""
-    from tests.helpers import assert_operations_scale_linearly, operations
+    from tests.helpers import assert_scales_linearly, calls
 
     def inspected(chunks: int) -> int:
         folder = _chunk_flood(tmp_path / f"flood{chunks}", chunks)
-        return operations(lambda: quick_inspect(folder))
+        return calls(lambda: quick_inspect(folder))
 
-    assert_operations_scale_linearly(inspected, 512)
+    assert_scales_linearly(inspected, 512)
     quick = quick_inspect(tmp_path / "flood2048")  # the control: read, as the full reader does
     assert quick is not None and quick.to_dict() == tg.inspect(tmp_path / "flood2048").to_dict()
     overlapping = _chunk_flood(tmp_path / "overlap", 2048, overlap=True)

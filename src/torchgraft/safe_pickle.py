@@ -193,7 +193,7 @@ class _InertMeta(type):
             return _instance(cls, args)
         if not cls._tg_unsafe:
             if cls._tg_dangerous:
-                raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
+                raise UnsafeCheckpointError(cls._tg_global, path=cls._tg_path, call=args)
             budget = cls._tg_budget
             budget.call(cls._tg_global, cls._tg_path)
             shared = cls._tg_shared
@@ -357,13 +357,6 @@ def skipped_calls(root: Any, *, limit: int = 100_000) -> list[str]:
                 found.setdefault(node.global_name)
             stack.extend([node.state, *node.args, *node.items.values(), *node.list_items])
     return sorted(found)
-
-
-def _display(global_name: str) -> str:
-    module, _, name = global_name.rpartition(".")
-    if module in ("posix", "nt"):
-        return f"{global_name} (os.{name})"
-    return global_name
 
 
 # --- inert implementations of allow-listed callables -------------------------------------------
@@ -657,7 +650,7 @@ class _SafeUnpickler(pickle.Unpickler):
             return self._stub(f"{owner._tg_global}.{name}")
         if self._unsafe:
             return getattr(obj, name, *default)
-        raise UnsafeCheckpointError(f"builtins.getattr on {type(obj).__name__}", path=self._path)
+        raise UnsafeCheckpointError("builtins.getattr", path=self._path, call=(obj, name))
 
     def find_class(self, module: str, name: str) -> Any:
         module = _MODULE_ALIASES.get(module, module)

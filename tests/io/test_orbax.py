@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.helpers import BOUNDED, calls
 from tests.io.framework_twins import AttentionTwin
 from tests.io.test_flax import FlaxAttention, FlaxCNN, FlaxScan
 from torchgraft.errors import (
@@ -121,10 +121,11 @@ def test_a_shape_of_2_to_the_40_is_refused_before_reading(tmp_path: Path) -> Non
     meta = json.loads(zarray.read_text())
     meta["shape"] = [1 << 20, 1 << 20]
     zarray.write_text(json.dumps(meta))
-    start = time.monotonic()
-    with pytest.raises(CorruptCheckpointError, match="claim"):
-        tg.open(folder)
-    assert time.monotonic() - start < 5
+    def refused() -> None:
+        with pytest.raises(CorruptCheckpointError, match="claim"):
+            tg.open(folder)
+
+    assert calls(refused) < BOUNDED
 
 
 @pytest.mark.parametrize("damage", ["manifest-cut", "manifest-garbled", "data-cut",
@@ -145,10 +146,11 @@ def test_damaged_folders_are_library_errors(tmp_path: Path, damage: str) -> None
         "metadata-bomb": b'{"tree_metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         "metadata-shape": b'{"tree_metadata": {"a": {"key_metadata": "x"}}}',
     }[damage])
-    start = time.monotonic()
-    with pytest.raises(TorchgraftError):
-        tg.load(folder)
-    assert time.monotonic() - start < 5
+    def refused() -> None:
+        with pytest.raises(TorchgraftError):
+            tg.load(folder)
+
+    assert calls(refused) < BOUNDED
 
 
 def test_a_file_linking_out_of_the_folder_is_refused(tmp_path: Path) -> None:

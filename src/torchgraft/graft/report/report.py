@@ -15,16 +15,12 @@ from ...errors import TorchgraftError
 from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Guess, Verdict
 from ..plan.steps import REINITIALISED, Plan, PlanStep, is_bookkeeping
 from ..tensors import TensorInfo
+from .heads import new_parts, python_new
 from .html import describe, render_html
 from .rules import rules_of
-from .summary import as_text, detail_rows, summary_rows
+from .summary import NOTICED, as_text, detail_rows, summary_rows
 
 __all__ = ["GraftError", "GraftReport"]
-
-#: How to declare parts of the model new, and how to name what the checkpoint calls otherwise.
-_COMPLETE = ("declare parts new on purpose with new= (CLI: --new PATTERN), or name their "
-             "sources with rules= (CLI: --rules FILE)")
-
 
 @dataclass(repr=False)
 class GraftReport:
@@ -84,6 +80,9 @@ class GraftReport:
         sources: Every source key, in stored order (for :meth:`to_html`).
         plan: The plan the graft ran (``tg.save(model, path, layout_of=report)`` runs it
             backwards).
+        source_name: The checkpoint as given: its path, or ``"a state dict"``, ``"a ResNet
+            module"`` (for the page's title and the advice).
+        model_name: The model's class name.
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -114,6 +113,8 @@ class GraftReport:
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
+    source_name: str = field(default="", repr=False, compare=False)
+    model_name: str = field(default="", repr=False, compare=False)
 
     @classmethod
     def from_plan(cls, plan: Plan, *, targets: Iterable[str] = (),
@@ -131,8 +132,8 @@ class GraftReport:
             report.mapping[step.target] = step.source
             report.matched_by[step.target] = step.matched_by
             report.evidence[step.target] = step.evidence
-            if step.target in plan.guesses:
-                report.guesses[step.target] = plan.guesses[step.target]
+            if step.target in plan.guesses and not is_bookkeeping(step.target):
+                report.guesses[step.target] = plan.guesses[step.target]  # a counter follows
             done = step.describe()
             if done:
                 report.adapted[step.target] = done
@@ -260,7 +261,11 @@ class GraftReport:
                 and not [k for k in self.unused if not is_bookkeeping(k)])
 
     def counts(self) -> dict[str, int]:
-        """Numbers of keys loaded, renamed (matched other than by exact name), adapted..."""
+        """Numbers of keys loaded, renamed (matched other than by exact name), adapted...
+
+        Each key is counted once where the summary lists it: a key the model's code computed
+        that is still missing (or declared new) counts as missing (or new), not initialised.
+        """
         return {
             "loaded": len(self.loaded),
             "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
@@ -272,7 +277,8 @@ class GraftReport:
             "missing": len(self.missing),
             "unused": len(self.unused),
             "not in adapter": len(self.not_in_adapter),
-            "initialised": len(self.initialised),
+            "initialised": sum(1 for k in self.initialised if k not in self.missing
+                               and k not in self.new),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -294,21 +300,25 @@ class GraftReport:
                 "verified_with": self.verified_with, "settled": self.settled,
                 "initialised": self.initialised, "tried": self.tried}
 
-    def to_html(self, path: str | os.PathLike[str]) -> Path:
+    def to_html(self, path: str | os.PathLike[str], *, command: str | None = None) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
 
-        Both module trees side by side, each target tensor linked to the source tensor that
-        filled it and coloured by how, the reason on hover, filters by kind.
+        Its title names the checkpoint and the model; both module trees side by side, each
+        target tensor linked to the source tensor that filled it and coloured by how, what
+        needs a look first (one line per module), filters by kind, and the command that
+        settles the graft, ready to copy.
 
         Args:
             path: Where to write the page.
+            command: The command to copy (the command line gives its own); by default
+                :meth:`settle_call`.
 
         Returns:
             The path written.
         """
         destination = Path(path)
         with atomic_path(destination, overwrite=True) as temporary:
-            temporary.write_text(render_html(self), encoding="utf-8")
+            temporary.write_text(render_html(self, command=command), encoding="utf-8")
         return destination
 
     def to_rules(self, path: str | os.PathLike[str] | None = None) -> list[Any]:
@@ -398,24 +408,46 @@ class GraftReport:
         each = dict.fromkeys(way for ways_of in ways for way in ways_of.split("; or "))
         return f"{'; '.join(parts)}; to settle: {'; or '.join(each)}"
 
-    def notice(self) -> str:
-        """The warning a graft that is not ok logs: verdict, counts and what to do (or empty).
+    def proposed_new(self) -> list[str]:
+        """Modules that look new on purpose, to declare with ``new=`` (CLI ``--new``).
 
-        Two lines: the headline, then the first missing key or the divergence, and how to
-        settle; :meth:`__str__` and :meth:`details` say more.
+        Whole modules the checkpoint does not fill (missing or re-initialised) that are named
+        like a head or end the model (:mod:`~torchgraft.graft.report.heads`), such as
+        ``["classifier"]``; empty when none looks so.
+        """
+        troubled = {k for k in self.missing if not is_bookkeeping(k)} | set(self.reinitialised)
+        targets = self.targets or [*dict.fromkeys([*self.loaded, *self.missing,
+                                                   *self.reinitialised, *self.tied,
+                                                   *self.new])]
+        return new_parts(targets, troubled)
+
+    def settle_call(self) -> str:
+        """The call that settles this graft, to copy (or empty): the user's, with what it lacks.
+
+        ``tg.graft('bert-base', model, new='classifier')`` where a head looks new; with
+        ``source_model=`` where outputs were not compared. The model stands as ``model``.
+        """
+        source = repr(self.source_name) if self.source_name and not \
+            self.source_name.startswith("a ") else "checkpoint"
+        proposed = self.proposed_new()
+        if proposed and (self.verdict == Verdict.INCOMPLETE or self.reinitialised):
+            return f"tg.graft({source}, model, {python_new(proposed)})"
+        if self.verdict == Verdict.UNVERIFIED:
+            return f"tg.graft({source}, model, source_model=<the source's model>)"
+        return ""
+
+    def notice(self) -> str:
+        """The warning a graft that is not ok emits: verdict, what needs a look, the fix.
+
+        The headline, then the summary's rows of what needs a look (missing, guessed,
+        diverged, assumed, what to declare new, how to settle), then where to read more;
+        :meth:`__str__` and :meth:`details` say more. Empty for a graft that is ok.
         """
         if self.ok:
             return ""
-        missing = [k for k in self.missing if not is_bookkeeping(k)]
-        if self.divergence is None and missing:
-            what = (f"'{missing[0]}'{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
-                    f" missing ({self.reasons[missing[0]]}); {_COMPLETE}")
-        elif self.divergence is not None:
-            what = f"{self.divergence}; {self.settle()}"
-        else:
-            what = self.settle()
-        return (f"{self.headline()}\n  {what} (print(report) shows a summary, report.details() "
-                "every key)")
+        rows = [row for row in summary_rows(self) if row[0] in NOTICED]
+        return (f"{as_text(self.headline(), rows)}\n  (print(report) shows the summary, "
+                "report.details() every key)")
 
     def headline(self) -> str:
         """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 
 from ...text import few, quoted
 from ...units import plural
+from .heads import cli_new, python_new
 
 if TYPE_CHECKING:
     from .report import GraftReport
 
-__all__ = ["COUNTED", "DETAILS_HINT", "KEPT", "SHOWN", "Row", "as_text", "detail_rows",
-           "summary_rows"]
+__all__ = ["COUNTED", "DETAILS_HINT", "KEPT", "NOTICED", "SHOWN", "Row", "as_text",
+           "detail_rows", "summary_rows"]
 
 #: ``(status, subject, detail)``: a key (or a module, or a count) and what happened to it; notes
 #: have no subject.
@@ -35,6 +36,9 @@ COUNTED = ("wrapper", "prefix", "rule", "layout", "structure", "base", "init")
 SHOWN = 5
 #: How a hypothesis that was kept ends in ``report.tried``.
 KEPT = "made it agree: kept"
+#: Statuses of the rows a graft that is not ok repeats in its warning: what needs a look and
+#: what settles it.
+NOTICED = ("diverged", "missing", "guess", "surplus", "assumed", "declare", "settle")
 #: Where the summary says every key is listed (the command line says ``--details``).
 DETAILS_HINT = "report.details() lists every key"
 
@@ -148,9 +152,26 @@ def _notes(report: GraftReport, *, short: bool) -> list[Row]:
     elif not short:
         rows += [("tried", "", t) for t in report.tried]
     rows += [("warning", "", w) for w in report.warnings]
+    rows += _declare(report)
     if report.settle():
         rows.append(("settle", "", report.settle()))
     return rows
+
+
+def _declare(report: GraftReport) -> list[Row]:
+    """What to declare new (``new=``), where a head looks new; else how to complete a graft."""
+    proposed = report.proposed_new()
+    if proposed:
+        names = few(proposed, show=quoted)
+        one = len(proposed) == 1
+        return [("declare", "", f"if {names} {'is' if one else 'are'} new on purpose (a new "
+                 f"head), declare {'it' if one else 'them'} so: {python_new(proposed)} "
+                 f"(CLI: {cli_new(proposed)}) keeps the model's own values, listed as new, "
+                 "not missing")]
+    if report.verdict == "incomplete" and report.divergence is None:
+        return [("settle", "", "name the missing keys' sources with rules= (CLI: --rules "
+                 "FILE), or declare parts new on purpose with new= (CLI: --new PATTERN)")]
+    return []
 
 
 def as_text(headline: str, rows: Iterable[Row]) -> str:
