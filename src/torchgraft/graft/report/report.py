@@ -396,8 +396,11 @@ class GraftReport:
                  for a in self.assumptions if a.what != SIBLINGS]
         ways = [a.settle for a in self.assumptions if a.what != SIBLINGS]
         if self.guesses:
-            parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
-                         "candidates")
+            alternatives = len({a for g in self.guesses.values() for a in g.alternatives})
+            parts.append(f"{len(self.guesses)} tensors may hold wrong values: each was guessed "
+                         "among interchangeable candidates"
+                         + (f" ({alternatives} alternatives, each guess lists its own)"
+                            if alternatives else ""))
             ways += [g.settle for g in self.guesses.values()]
         if self.surplus:
             parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks")
