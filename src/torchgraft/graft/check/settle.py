@@ -116,18 +116,22 @@ class _Search:
         self.modules = dict(target.named_modules())
         self.everywhere: dict[str, list[str]] = {}
         self.counts: dict[str, int] = {}
-        for key in self.view.steps:
-            self.everywhere.setdefault(_module(key), []).append(key)
-            parts = key.split(".")
-            for k in range(1, len(parts)):
-                prefix = ".".join(parts[:k])
-                self.counts[prefix] = self.counts.get(prefix, 0) + 1
+        self._index(self.view.steps)
         self.settled: list[str] = []
         self.tried: list[str] = []
         self.reordered: set[str] = set()
         self.kept: list[tuple[str, Choice]] = []
 
-    def dimensions(self, scope: str) -> list[Dimension]:
+    def _index(self, keys: Iterable[str]) -> None:
+        """Loaded keys by module, and how many lie under each module."""
+        for key in keys:
+            self.everywhere.setdefault(_module(key), []).append(key)
+            parts = key.split(".")
+            for k in range(1, len(parts)):
+                prefix = ".".join(parts[:k])
+                self.counts[prefix] = self.counts.get(prefix, 0) + 1
+
+    def _own_dimensions(self, scope: str) -> list[Dimension]:
         """A scope's decision points: its loaded keys (the whole model's: those outside blocks)."""
         keys = [k for k in self.view.steps if (k.startswith(f"{scope}.") if scope
                                                else not unit_of(_module(k)))]
@@ -186,7 +190,7 @@ class _Search:
                        if scope == moved_key(kept_scope, block, other)]
             usable = [c for c in earlier if all(k in self.view.steps for k in c.keys)]
             elsewhere = lookalikes(watched, self.shapes, self.everywhere) if not scope else []
-            return [*([usable] if usable else []), *self.dimensions(scope), *elsewhere]
+            return [*([usable] if usable else []), *self._own_dimensions(scope), *elsewhere]
         return found
 
     def _spread(self, scope: str, choice: Choice, source: Run, reference: Reference,
@@ -255,6 +259,7 @@ class _Search:
                 self.state[key].copy_(self.view.value(step, self.state[key]))
         self.view.cache.clear()
         self.view.steps.update(found)
+        self._index(found)
         used = _reachable(found.values(), self.view.made)
         self.report.take_paired(found, used, BY_INPUT)
         return True

@@ -74,28 +74,28 @@ def _same_input(a: torch.Tensor | None, b: torch.Tensor | None, rtol: float) -> 
 def _split(view: PlanView, targets: Sequence[dict[str, str]], source: dict[str, str],
            shapes: Mapping[str, tuple[int, ...]]) -> dict[str, PlanStep] | None:
     """Target modules cut, in blocks, from one source module whose rows are theirs together."""
+    if not {leaf for module in targets for leaf in module} <= set(source):
+        return None
     found: dict[str, PlanStep] = {}
     for leaf, stored in source.items():
-        keys = [module.get(leaf) for module in targets]
-        if None in keys or any(len(shapes[k]) != len(shapes[f"source:{stored}"])  # type: ignore[index]
-                               for k in keys):
-            return None
-        rows = tuple(shapes[k][0] for k in keys if k is not None)
+        keys = [module[leaf] for module in targets if leaf in module]
         whole = shapes[f"source:{stored}"]
-        if sum(rows) != whole[0] or any(shapes[k][1:] != whole[1:] for k in keys if k):
+        if len(keys) != len(targets) or not whole or \
+                any(shapes[k][1:] != whole[1:] or not shapes[k] for k in keys) or \
+                sum(shapes[k][0] for k in keys) != whole[0]:
             return None
         if len(keys) == 1:
-            found[str(keys[0])] = PlanStep(str(keys[0]), stored, MatchStep.STRUCTURE,
-                                           evidence=Evidence.GUESS)
+            found[keys[0]] = PlanStep(keys[0], stored, MatchStep.STRUCTURE,
+                                      evidence=Evidence.GUESS)
             continue
+        rows = tuple(shapes[k][0] for k in keys)
         parts = view.derive(ops.Split(0, rows), [stored])
         starts = list(itertools.accumulate((0, *rows)))
         for k, (key, part) in enumerate(zip(keys, parts, strict=True)):
             why = f"split from {stored} (rows {starts[k]}:{starts[k + 1]}), {BY_INPUT}"
-            found[str(key)] = PlanStep(str(key), part, MatchStep.STRUCTURE,
-                                       (Step(ops.Chain(()), why),), evidence=Evidence.GUESS)
-    covered = {leaf for module in targets for leaf in module}
-    return found if covered <= set(source) else None
+            found[key] = PlanStep(key, part, MatchStep.STRUCTURE, (Step(ops.Chain(()), why),),
+                                  evidence=Evidence.GUESS)
+    return found
 
 
 def _cut(view: PlanView, fed: Sequence[dict[str, str]], source: dict[str, str],
