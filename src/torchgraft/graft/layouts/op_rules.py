@@ -139,6 +139,7 @@ _FIELD_CHECKS: dict[str, tuple[str, Any]] = {
     "int": ("a whole number", _is_int),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "float": ("a number", lambda v: _is_int(v) or isinstance(v, float)),
+    "int | None": ("a whole number", _is_int),
     "tuple[int, ...]": ("a list of whole numbers", _is_ints),
     "Shape": ("a list of whole numbers", _is_ints),
 }

@@ -95,6 +95,22 @@ def _step_rules(step: PlanStep) -> list[dict[str, Any]]:
     return rules
 
 
+def _without_aliases(derivations: Iterable[Derivation], steps: Iterable[PlanStep]
+                     ) -> tuple[list[Derivation], list[PlanStep]]:
+    """Derivations that do nothing (a tensor under another name) read through to their input."""
+    alias = {d.outputs[0]: d.inputs[0] for d in derivations
+             if not _flat(d.op) and len(d.inputs) == 1 and len(d.outputs) == 1}
+
+    def through(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return name
+
+    kept = [dataclasses.replace(d, inputs=tuple(through(n) for n in d.inputs))
+            for d in derivations if d.outputs[0] not in alias]
+    return kept, [dataclasses.replace(step, source=through(step.source)) for step in steps]
+
+
 def _named(derivations: Iterable[Derivation], steps: Iterable[PlanStep],
            stored: Iterable[str]) -> list[Derivation]:
     """The derivations with each output a step copies as it is named as the model's key.
@@ -135,15 +151,17 @@ def rules_of(plan: Plan) -> list[Any]:
         Operation rules (mappings), then renaming rules (``[pattern, replacement]`` pairs).
     """
     stored = dict(plan.layout.stored) if plan.layout is not None else {}
-    derivations = plan.layout.derivations if plan.layout is not None else tuple(plan.inferred)
+    derivations, steps = _without_aliases(
+        plan.layout.derivations if plan.layout is not None else tuple(plan.inferred),
+        plan.steps)
     made = {name: d for d in derivations for name in d.outputs}
-    used = _reachable(plan.steps, made)
-    named = _named([d for d in derivations if set(d.outputs) & used], plan.steps, stored)
+    used = _reachable(steps, made)
+    named = _named([d for d in derivations if set(d.outputs) & used], steps, stored)
     shapes = {key: tuple(info.shape) for key, info in stored.items()}
     rules: list[Any] = _derivation_rules(named, shapes)
     renamed: list[tuple[str, str]] = []
     produced = {name for d in named for name in d.outputs}
-    for step in plan.steps:
+    for step in steps:
         operated = _step_rules(step)
         rules += operated
         if not operated and step.source != step.target and step.target not in produced:
