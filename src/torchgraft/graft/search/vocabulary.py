@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ...errors import TorchgraftError
 from ...meta import TensorMeta, TensorRef
 from ..evidence import Guess
 from ..layouts import ops
@@ -232,28 +233,37 @@ def _effect(edit: Relayout | None, site: _Site, view: PlanView) -> tuple[float, 
     return tuple(float(v) for key in leg for v in fake.refs[steps[key].source].read().tolist())
 
 
+#: At most this many layouts of one fused tensor are tried (the most likely first).
+_MOST_LAYOUTS = 256
+
+
 def _relayouts(site: _Site, view: PlanView, heads: Heads) -> Dimension:
-    """A site's layouts other than the plan's, each reading the rows another way."""
+    """A site's layouts other than the plan's, each reading the rows another way.
+
+    The parts' orders first (the plan's order first), then groupings, then rotary orders; at
+    most :data:`_MOST_LAYOUTS` of them.
+    """
     n = len(site.sizes)
     fused_source = site.kind != "join"
+    orders = [order for order in itertools.permutations(range(n))
+              if fused_source or all(site.sizes[order[k]] == site.sizes[k] for k in range(n))]
+    grouped = _groups(site.sizes, heads)
     seen = {_effect(None, site, view)}
     found: Dimension = []
-    orders = itertools.permutations(range(n)) if fused_source else (
-        order for order in itertools.permutations(range(n))
-        if all(site.sizes[order[k]] == site.sizes[k] for k in range(n)))
-    for order in orders:
-        for groups in _groups(site.sizes, heads) if fused_source else [1]:
-            for target_groups in _groups(site.sizes, heads) if site.kind != "split" else [1]:
-                for rotary in _rotaries(heads, site.roles):
-                    edit = Relayout(site.kind, tuple(site.legs), site.sizes, site.roles, order,
-                                    groups, target_groups, rotary)
-                    try:
-                        effect = _effect(edit, site, view)
-                    except Exception:  # sizes the rows do not take
-                        continue
-                    if effect not in seen:
-                        seen.add(effect)
-                        found.append(Choice((edit,)))
+    for order, groups, target_groups, rotary in itertools.product(
+            orders, grouped if fused_source else [1],
+            grouped if site.kind != "split" else [1], _rotaries(heads, site.roles)):
+        edit = Relayout(site.kind, tuple(site.legs), site.sizes, site.roles, order, groups,
+                        target_groups, rotary)
+        try:
+            effect = _effect(edit, site, view)
+        except (TorchgraftError, RuntimeError):  # sizes the rows do not take
+            continue
+        if effect not in seen:
+            seen.add(effect)
+            found.append(Choice((edit,)))
+            if len(found) >= _MOST_LAYOUTS:
+                break
     return found
 
 
