@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
-import gc
 import os
-import time
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from unittest import mock
 
@@ -101,31 +101,70 @@ class Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+#: The most operations (:func:`calls`) a refusal of a hostile file may take: a bound, not a
+#: walk of what the file claims (a 2^40-element tensor, 100,000 levels of nesting, 9^9 strings).
+BOUNDED = 500_000
+#: The most operations reading a hostile file may take per byte of it, after a first
+#: :data:`BOUNDED`: linear in what the file holds (a pickle of 100,000 levels is 100,000
+#: opcodes to read), never in what it claims.
+PER_BYTE = 64
+
+
+def linear_in_file(path: Path) -> int:
+    """The most operations reading ``path`` (a file, or a folder's files) may take."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return BOUNDED + PER_BYTE * sum(p.stat().st_size for p in files)
 #: How much more 4x the items may cost: linear is 4x, a quadratic step 16x.
 SCALING_LIMIT = 6.0
 
 
-def cpu_seconds(work: Callable[[], object], repeat: int = 3) -> float:
-    """The CPU seconds of this process ``work`` takes, the best of ``repeat`` runs.
+#: Where the code whose lines are counted one by one lives: torchgraft's and the tests'.
+_COUNTED = tuple(str(Path(__file__).resolve().parents[1] / part) for part in ("src", "tests"))
 
-    What the process held before is frozen out of the garbage collector's view, so a full
-    collection during ``work`` costs what ``work`` made, not the million objects torch and
-    the test session keep (a step that would look like a quadratic cost).
+
+def calls(work: Callable[[], object]) -> int:
+    """The operations ``work`` runs: its cost, counted, not timed.
+
+    Every function call anywhere, Python's and builtins' (a regular expression, the C
+    unpickler: one each), and every line of this checkout's code (torchgraft's and the
+    tests') that runs, so a loop over keys counts once per key and a loop inside it once per
+    pair. A count does not change with the machine's load (a timed ratio here once failed
+    under another suite's load), so the suite asserts on counts and ``bench/`` keeps the
+    times. A scan inside one builtin (``key in a_list``) counts once: tests of such steps
+    count what they visit instead.
     """
-    best = float("inf")
-    for _ in range(repeat):
-        gc.collect()
-        gc.freeze()
-        try:
-            start = time.process_time()
-            work()
-            best = min(best, time.process_time() - start)
-        finally:
-            gc.unfreeze()
-    return best
+    count = 0
+
+    def line(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        count += event == "line"
+        return line
+
+    def traced(frame: FrameType, event: str, arg: object) -> Any:
+        return line if frame.f_code.co_filename.startswith(_COUNTED) else None
+
+    def profile(_frame: object, event: str, _arg: object) -> None:
+        nonlocal count
+        count += event in ("call", "c_call")
+
+    previous = sys.gettrace(), sys.getprofile()
+    sys.settrace(traced)
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.settrace(previous[0])
+        sys.setprofile(previous[1])
+    return count
 
 
-def assert_scales_linearly(seconds: Callable[[int], float], items: int) -> None:
-    """4x the items cost at most :data:`SCALING_LIMIT` times the time of ``items``."""
-    small, large = seconds(items), seconds(4 * items)
+def assert_scales_linearly(cost: Callable[[int], int], items: int) -> None:
+    """4x the items cost at most :data:`SCALING_LIMIT` times the calls of ``items``.
+
+    ``cost(n)`` counts the operations of the work on ``n`` items (:func:`calls`); a first, smaller
+    run is made and not counted, so what runs once (an import, a cache filled) is not counted
+    against the small run.
+    """
+    cost(max(items // 4, 1))
+    small, large = cost(items), cost(4 * items)
     assert large <= SCALING_LIMIT * small, (items, small, large)

@@ -2,12 +2,16 @@
 
 A page's hidden setup (an HTML comment ``<!--setup ... -->``, which makes the files the page
 talks about) runs first, then each ``python`` block in order, in one namespace, in a fresh
-folder. Command lines (``bash`` blocks) run in another folder where only the setup ran, when
-the files they read are there (not those that need a model module the page does not write).
+folder; where a block prints and the page shows the printout as comments after the
+``print(...)``, what it shows is what it prints, line for line. Command lines (``bash``
+blocks, continued lines joined) run in another folder where only the setup ran, when the files
+they read are there (not those that need a model module the page does not write).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -18,11 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_readme import shown_output
+
 DOCS = Path(__file__).parents[1] / "docs"
 PAGES = sorted(p.name for p in DOCS.glob("*.md"))
 _SETUP = re.compile(r"<!--setup\n(.*?)-->", re.S)
 #: Pages whose command lines need a model module or a GPU run: their Python code covers them.
-NO_CLI_RUN = {"index.md", "modified-architecture.md", "new-head.md", "onnx.md", "multi-gpu.md"}
+NO_CLI_RUN = {"index.md", "modified-architecture.md", "new-head.md", "onnx.md", "multi-gpu.md",
+              "install.md", "matching.md", "assumptions.md", "formats.md", "frameworks.md",
+              "cli.md", "benchmarks.md", "architecture.md"}
 _BLOCK = re.compile(r"```(python|bash)\n(.*?)```", re.S)
 
 
@@ -46,9 +54,13 @@ def test_page_code_runs(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ran = []
     for kind, code in blocks:
         if kind == "python":
-            exec(compile(code, page, "exec"), namespace)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(compile(code, page, "exec"), namespace)
+            shown = shown_output(code)  # what the page shows it prints, line for line
+            assert shown is None or printed.getvalue().splitlines() == shown, (page, code[:80])
             continue
-        for line in code.splitlines():
+        for line in code.replace("\\\n", " ").splitlines():  # continued lines joined
             words = shlex.split(line.split("#")[0])
             paths = [w for w in words[2:] if not w.startswith("-")]
             reads = paths[:-1] if words[1:2] == ["convert"] else paths

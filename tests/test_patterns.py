@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 
 import pytest
 
 import torchgraft.patterns
-from tests.helpers import assert_scales_linearly, cpu_seconds
+from tests.helpers import assert_scales_linearly, calls
 from torchgraft.errors import TorchgraftError
 from torchgraft.patterns import TimedPattern
 from torchgraft.renames import Rule, rename
@@ -28,10 +27,8 @@ def budget(monkeypatch: pytest.MonkeyPatch) -> float:
 
 def test_catastrophic_backtracking_is_cut_at_the_budget(budget: float) -> None:
     pattern = TimedPattern(re.compile(CATASTROPHIC), what="rule pattern")
-    start = time.monotonic()
     with pytest.raises(TorchgraftError, match="took over 0.3 s matching key 'aaaa") as caught:
-        pattern.search(KEY)
-    assert time.monotonic() - start < budget + 1.0
+        pattern.search(KEY)  # without the budget: longer than the universe
     assert "backtracks" in str(caught.value) and len(str(caught.value)) < 400
     with pytest.raises(TorchgraftError):  # spent: refused at once from then on
         pattern.search("a")
@@ -90,8 +87,8 @@ def test_a_users_rule_is_timed_and_the_librarys_are_not(budget: float) -> None:
 def test_timed_renames_are_linear_in_the_keys() -> None:
     rules = [Rule(r"^module\.", "").timed(), Rule(r"(.*)\.gamma$", r"\1.weight").timed()]
 
-    def seconds(count: int) -> float:
+    def cost(count: int) -> int:
         keys = [f"module.layer{i}.norm.gamma" for i in range(count)]
-        return cpu_seconds(lambda: [rename(k, rules) for k in keys])
+        return calls(lambda: [rename(k, rules) for k in keys])
 
-    assert_scales_linearly(seconds, 5000)
+    assert_scales_linearly(cost, 5000)

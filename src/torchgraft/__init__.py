@@ -29,6 +29,7 @@ from .errors import (
     OutsideCheckpointError,
     TensorNotFoundError,
     TorchgraftError,
+    TorchgraftWarning,
     UnknownFormatError,
     UnsafeCheckpointError,
     UnsupportedCheckpointError,
@@ -64,6 +65,7 @@ __all__ = [
     "TensorMeta",
     "TensorNotFoundError",
     "TorchgraftError",
+    "TorchgraftWarning",
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
@@ -102,7 +104,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    """The public names only: not the modules and helpers this file imports for itself."""
+    return sorted(__all__)
 
 
 class _Package(types.ModuleType):

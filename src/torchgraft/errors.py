@@ -20,6 +20,7 @@ __all__ = [
     "OutsideCheckpointError",
     "TensorNotFoundError",
     "TorchgraftError",
+    "TorchgraftWarning",
     "UnknownFormatError",
     "UnsafeCheckpointError",
     "UnsupportedCheckpointError",
@@ -119,19 +120,47 @@ class UnsupportedModelError(TorchgraftError):
 class UnsafeCheckpointError(TorchgraftError):
     """Reading the file would execute code that is not on the allow-list.
 
+    A call of a code-execution primitive (``os.system``, ``eval``, ``subprocess.Popen``...:
+    :data:`torchgraft.safe_pickle.DANGEROUS`) is what an attack looks like: the message names
+    what the file would run and says so. No refusal offers ``unsafe=True``: it would run what
+    was refused. (Calls of ordinary constructors are never refused: they are recorded, not
+    run, and listed in ``ckpt.skipped_calls``; ``unsafe=True`` runs those, for a file you
+    trust.)
+
     Args:
-        global_name: The dotted name of the refused global, e.g. ``"posix.system"``.
+        global_name: The dotted name of the refused global, e.g. ``"posix.system"`` (kept as
+            :attr:`global_name` with the name users know beside it: ``"posix.system
+            (os.system)"``).
         path: The file that asked for it.
+        call: The arguments the file passes to it, where it calls it: the message shows them
+            (bounded, escaped), so that it says what the file would run.
     """
 
-    def __init__(self, global_name: str, *, path: str | Path | None = None) -> None:
-        self.global_name = global_name
-        super().__init__(
-            f"refused to call '{global_name}' while unpickling: it is not on torchgraft's "
-            "allow-list of what checkpoints need, and calling it could run arbitrary code. "
-            "If you trust this file, pass unsafe=True (CLI: --unsafe).",
-            path=path,
-        )
+    def __init__(self, global_name: str, *, path: str | Path | None = None,
+                 call: tuple[Any, ...] | None = None) -> None:
+        module, _, name = global_name.rpartition(".")
+        known = f"os.{name}" if module in ("posix", "nt") else global_name
+        self.global_name = global_name if known == global_name else f"{global_name} ({known})"
+        also = f" ({global_name})" if known != global_name else ""
+        if call is None:
+            what = f"would call {known}{also} while it is read"
+        else:
+            arguments = ", ".join(shown(a, 120) for a in call[:4])
+            more = ", ..." if len(call) > 4 else ""
+            what = f"would run {known}({arguments}{more}){also} while it is read"
+        super().__init__(f"refused: the file {what}. No checkpoint needs that: the file looks "
+                         "made to attack whoever opens it. Nothing was run; get the checkpoint "
+                         "from a source you trust", path=path)
+
+
+class TorchgraftWarning(UserWarning):
+    """What a user must see without asking: a graft that is not ok, arguments understood swapped.
+
+    Emitted through :func:`warnings.warn`, so Python shows it once per place in your code by
+    default, and ``warnings.simplefilter("ignore", torchgraft.TorchgraftWarning)`` (or ``-W``)
+    silences it, ``"error"`` raises it. The command line, which prints the report, does not
+    show it again.
+    """
 
 
 class TensorNotFoundError(TorchgraftError, KeyError):

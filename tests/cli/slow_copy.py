@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 #: Runs the command line with one system call slowed: ``copy`` (os.copy_file_range, the kernel
-#: copies of convert) or ``write`` (os.pwrite, tensors written from memory), touching a marker
-#: file when the slow copy starts; ``none`` slows nothing.
+#: copies of convert) or ``write`` (os.pwrite, tensors written from memory), adding a byte to a
+#: marker file at each slowed call (so its size counts them); ``none`` slows nothing.
 LAUNCHER = '''
 import os, sys, time
 from pathlib import Path
@@ -19,7 +19,8 @@ marker, slow = Path(sys.argv[1]), sys.argv[2]
 
 def slowed(real, first_mib):
     def call(*args):
-        marker.touch()
+        with marker.open("ab") as counted:
+            counted.write(b".")
         time.sleep(0.1)
         return real(*first_mib(args))
     return call

@@ -145,12 +145,15 @@ def test_graft_unverified_exit_3(run: Run, tmp_path: Path) -> None:
     assert result.stdout.splitlines()[-1].split() == [
         "torchgraft", *args, "--out", str(tmp_path / "a.pt"), "--verify", "--source-model",
         "MODULE:FACTORY"]  # the command that settles it, ready to copy
-    assert not (tmp_path / "a.pt").exists() and "--allow-incomplete" in result.stderr
+    assert not (tmp_path / "a.pt").exists() and "--allow-unverified" in result.stderr
+    assert "--allow-incomplete" not in result.stderr  # the flag for missing keys is not named
     data = json.loads(run(*args, "--out", str(tmp_path / "b.pt"), "--json").stdout)
     assert data["verdict"] == "unverified" and data["evidence"]["a.weight"] == "guess"
     assert data["out"] is None and not (tmp_path / "b.pt").exists()
-    kept = run(*args, "--out", str(tmp_path / "c.pt"), "--allow-incomplete")
+    kept = run(*args, "--out", str(tmp_path / "c.pt"), "--allow-unverified")
     assert kept.returncode == 5 and (tmp_path / "c.pt").is_file()
+    kept = run(*args, "--out", str(tmp_path / "d.pt"), "--allow-incomplete")  # as before
+    assert kept.returncode == 5 and (tmp_path / "d.pt").is_file()
     assert data["guesses"]["a.weight"]["alternatives"] == ["r.weight"]
     assert "3 unverified" in run("graft", "--help").stdout.replace("\n", " ")
 

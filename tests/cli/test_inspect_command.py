@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 import subprocess
@@ -76,12 +77,30 @@ def test_unsafe_file_refused_then_opted_in(run: Run, tmp_path: Path) -> None:
     path = tmp_path / "payload.pt"
     torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path)
     refused = run("inspect", str(path))
-    assert refused.returncode == 2
-    assert "os.system" in refused.stderr and "--unsafe" in refused.stderr
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    assert f"would run os.system('touch {marker}')" in refused.stderr
+    assert "looks made to attack" in refused.stderr and "--unsafe" not in refused.stderr
     assert not marker.exists()
     allowed = run("inspect", str(path), "--unsafe", "--json")
     assert allowed.returncode == 0
     assert marker.exists()
+
+
+class Mode(enum.Enum):  # an ordinary class a training script pickles
+    FAST = 1
+
+
+@pytest.mark.slow
+def test_ordinary_constructors_are_recorded_and_only_they_mention_unsafe(run: Run,
+                                                                         tmp_path: Path) -> None:
+    """The twin of the attack above: a call of an ordinary class is recorded, not refused."""
+    path = tmp_path / "hyper.pt"
+    torch.save({"w": torch.ones(2), "mode": Mode.FAST}, path)
+    shown = run("inspect", str(path))
+    assert shown.returncode == 0
+    assert "Mode (recorded, not called" in " ".join(shown.stdout.split())
+    assert "--unsafe calls them, for a file you trust" in " ".join(shown.stdout.split())
+    assert "attack" not in shown.stdout
 
 
 def test_usage_errors_exit_2(run: Run) -> None:

@@ -144,3 +144,26 @@ def test_a_diverged_graft_is_not_told_to_compare_outputs(run: Run, folder: Path)
     assert "--input-shape" not in diverged.stdout and "the command above" not in diverged.stderr
     agreeing = run(*graft, "--model", f"{models}:Twice")  # the control
     assert agreeing.returncode == 0 and "graft ok" in agreeing.stdout
+
+
+def test_save_rules_writes_what_was_settled_and_the_rules_need_no_search(run: Run,
+                                                                         folder: Path) -> None:
+    """The graft settled by the source's code is written as rules; fed back with --rules, the
+    same file grafts ok with no comparison. Control: rules are never written for a graft that
+    is not ok."""
+    models = folder / "mymodels.py"
+    rules = folder / "rules.json"
+    graft = ["graft", str(folder / "ckpt.pt"), "--model", f"{models}:net", "--dry-run"]
+    refused = run(*graft, "--save-rules", str(rules))
+    assert refused.returncode == 3 and not rules.exists(), refused.stdout + refused.stderr
+    assert f"rules not written to {rules}: the graft is not ok" in " ".join(
+        refused.stdout.split())
+    settled = run(*graft, "--verify", "--source-model", f"{models}:source", "--save-rules",
+                  str(rules), "--json")
+    assert settled.returncode == 0, settled.stdout + settled.stderr
+    import json
+    assert json.loads(settled.stdout)["rules"] == str(rules)
+    ruled = run(*graft, "--rules", str(rules), "--no-verify")
+    assert ruled.returncode == 0 and "graft ok" in ruled.stdout, ruled.stdout + ruled.stderr
+    assert "guess" not in ruled.stdout and "compared" not in ruled.stdout
+    _no_traceback(ruled)

@@ -7,6 +7,7 @@ checkpoint's name, and a folder of unrelated files: each error says what the fil
 from __future__ import annotations
 
 import hashlib
+import random
 import shutil
 import subprocess
 import sys
@@ -92,3 +93,20 @@ def test_real_checkpoints_and_text_indexes_are_not_mistaken(tmp_path: Path) -> N
     with pytest.raises(tg.TorchgraftError) as caught:
         tg.open(binary)
     assert "a text file" not in str(caught.value) and "HTML" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["random.bin", "random.pt", "random.safetensors"])
+def test_random_bytes_are_no_checkpoint_format_not_a_truncated_one(tmp_path: Path,
+                                                                   name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(random.Random(name).randbytes(4096).replace(b"\x80", b"\x81"))
+    with pytest.raises(tg.UnknownFormatError, match="not a checkpoint format torchgraft knows"):
+        tg.open(path)
+    # the control: a real checkpoint cut short is truncated, as its first bytes say
+    torch.save({"w": torch.ones(1000)}, tmp_path / "real.pt")
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((tmp_path / "real.pt").read_bytes()[:2000])
+    with pytest.raises(tg.CorruptCheckpointError) as caught:
+        tg.load(cut)
+    assert not isinstance(caught.value, tg.UnknownFormatError)
+    assert "not a checkpoint format" not in str(caught.value)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 import torchgraft as tg
+from tests.helpers import BOUNDED, calls
 from tests.io.framework_twins import AttentionTwin
 from tests.io.test_flax import FlaxAttention, FlaxCNN, FlaxScan
 from torchgraft.errors import (
@@ -121,10 +121,11 @@ def test_a_shape_of_2_to_the_40_is_refused_before_reading(tmp_path: Path) -> Non
     meta = json.loads(zarray.read_text())
     meta["shape"] = [1 << 20, 1 << 20]
     zarray.write_text(json.dumps(meta))
-    start = time.monotonic()
-    with pytest.raises(CorruptCheckpointError, match="claim"):
-        tg.open(folder)
-    assert time.monotonic() - start < 5
+    def refused() -> None:
+        with pytest.raises(CorruptCheckpointError, match="claim"):
+            tg.open(folder)
+
+    assert calls(refused) < BOUNDED
 
 
 @pytest.mark.parametrize("damage", ["manifest-cut", "manifest-garbled", "data-cut",
@@ -145,10 +146,11 @@ def test_damaged_folders_are_library_errors(tmp_path: Path, damage: str) -> None
         "metadata-bomb": b'{"tree_metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         "metadata-shape": b'{"tree_metadata": {"a": {"key_metadata": "x"}}}',
     }[damage])
-    start = time.monotonic()
-    with pytest.raises(TorchgraftError):
-        tg.load(folder)
-    assert time.monotonic() - start < 5
+    def refused() -> None:
+        with pytest.raises(TorchgraftError):
+            tg.load(folder)
+
+    assert calls(refused) < BOUNDED
 
 
 def test_a_file_linking_out_of_the_folder_is_refused(tmp_path: Path) -> None:
@@ -205,3 +207,41 @@ def test_metadata_linking_out_is_refused_unless_followed(tmp_path: Path) -> None
     with pytest.raises(OutsideCheckpointError, match="_METADATA"):
         tg.open(folder)
     assert tg.load(folder, follow_links=True)
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+#: Each path on which tensorstore fails with a ValueError: a damaged file, and the error.
+_TENSORSTORE_FAILURES = {
+    "listing the store": ("cnn", "d/ac31a4eca1249b3498d92281981785d0",
+                          "its array store cannot be read"),
+    "opening an array": ("attention", "params.head.kernel/.zarray", "cannot be opened"),
+    "reading an array": ("attention", "params.head.kernel/0.0", "cannot be read"),
+}
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+@pytest.mark.parametrize("where", sorted(_TENSORSTORE_FAILURES))
+def test_no_descriptor_stays_open_after_a_tensorstore_failure(tmp_path: Path,
+                                                              where: str) -> None:
+    """tensorstore closes a file on its own threads just after a read fails: the reader waits
+    for it, so the caller counts none open (7 were in one fuzzing run)."""
+    fixture, part, message = _TENSORSTORE_FAILURES[where]
+    folder = tmp_path / fixture
+    shutil.copytree(FIXTURES / fixture, folder)
+    assert tg.load(folder)  # the control: whole, it loads
+    data = (folder / part).read_bytes()
+    (folder / part).write_bytes(data[:len(data) // 2])
+    leaks = []
+    for attempt in range(30):
+        before = _fds()
+        with pytest.raises(CorruptCheckpointError, match=message):
+            tg.load(folder)
+        if _fds() != before:
+            leaks.append(attempt)
+    assert not leaks, f"a descriptor open after attempts {leaks}"
+    before = _fds()
+    tg.load(FIXTURES / fixture)  # and after a load that succeeds
+    assert _fds() == before

@@ -1,9 +1,10 @@
-"""The command that settles an unverified graft: the user's own, with what compares outputs.
+"""The command that settles a graft: the user's own, with the flags it lacks.
 
 An unverified graft is settled by comparing outputs with the model the checkpoint was saved
-from (``--verify --source-model MODULE:FACTORY``; inputs are generated from the models). The
-advice is the command line the user typed, with those flags added, ready to copy: only what
-torchgraft cannot know (which factory builds the source's model, a shape the models take)
+from (``--verify --source-model MODULE:FACTORY``; inputs are generated from the models); an
+incomplete one whose missing part looks like a new head, by declaring it new (``--new NAME``).
+The advice is the command line the user typed, with those flags added, ready to copy: only
+what torchgraft cannot know (which factory builds the source's model, a shape the models take)
 stands as a placeholder, named as ``--help`` names it.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-__all__ = ["SHAPE_PLACEHOLDER", "SOURCE_PLACEHOLDER", "settling_command"]
+__all__ = ["SHAPE_PLACEHOLDER", "SOURCE_PLACEHOLDER", "declaring_command", "settling_command"]
 
 #: What stands for the factory of the source's model.
 SOURCE_PLACEHOLDER = "MODULE:FACTORY"
@@ -40,3 +41,16 @@ def settling_command(typed: Sequence[str], *, source_model: bool, inputs: bool) 
     elif not inputs:
         words += ["--input-shape", SHAPE_PLACEHOLDER]
     return shlex.join(words)
+
+
+def declaring_command(typed: Sequence[str], modules: Sequence[str]) -> str:
+    """The user's command with ``--new NAME`` for each module, as one line to copy.
+
+    Args:
+        typed: The arguments as typed, after the program's name.
+        modules: The modules to declare new (:meth:`GraftReport.proposed_new`).
+
+    Returns:
+        The command, quoted for a POSIX shell.
+    """
+    return shlex.join(["torchgraft", *typed, *(w for m in modules for w in ("--new", m))])

@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from ..text import one_line, shorten
-from .advice import settling_command
+from ..text import few, one_line, quoted, shorten
+from .advice import declaring_command, settling_command
 from .checks import existing_file, factory_spec, input_shape, json_object, label_rows, source_path
 from .options import source_options
 from .outputs import WRITERS, output_format
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch is imported when the command runs, not to list or com
 
 __all__ = ["EXIT_SAVED_ANYWAY", "graft_command"]
 
-#: A graft that is not ok, saved all the same (``--allow-incomplete``).
+#: A graft that is not ok, saved all the same (``--allow-incomplete``, ``--allow-unverified``).
 EXIT_SAVED_ANYWAY = 5
 
 
@@ -75,9 +75,13 @@ EXIT_SAVED_ANYWAY = 5
                    "and no head re-initialised (bookkeeping buffers such as "
                    "num_batches_tracked aside), as load_state_dict(strict=True): exit 1, or "
                    "the verdict's 3 or 4.")
+@click.option("--allow-unverified", is_flag=True,
+              help="Save --out even when the graft is UNVERIFIED (every key filled, some by a "
+                   "guess that no comparison of outputs settled); the exit code is then 5.")
 @click.option("--allow-incomplete", is_flag=True,
-              help="Save --out even when the graft is not ok (keys missing, guesses not "
-                   "verified, outputs differ); the exit code is then 5.")
+              help="Save --out even when the graft is not ok: keys missing (INCOMPLETE), "
+                   "outputs that differ (DIVERGED), or guesses (UNVERIFIED); the exit code is "
+                   "then 5.")
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
 @click.option("--unsafe", is_flag=True, help="Let the checkpoint's pickle run code. Trusted "
                                              "files only.")
@@ -117,30 +121,36 @@ EXIT_SAVED_ANYWAY = 5
               help="Rules file for the graft from --layout-of into the model (as --rules).")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as a page: both module trees, linked and coloured.")
+@click.option("--save-rules", "rules_path", type=click.Path(path_type=Path), default=None,
+              help="Write what the graft did (what comparing outputs found too) as a rules "
+                   "file: fed back with --rules, the same graft is ok by rule, with no search. "
+                   "Written only when the graft is ok.")
 @click.option("--details", is_flag=True, help="List every renamed key (default: a summary).")
 @click.option("--quiet", "-q", is_flag=True, help="Print the one-line verdict only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: Path | None,
                   fmt: str | None, dry_run: bool, rules: Path | None, match: str, init: str,
                   label_map: list[int | None] | dict[int, int] | None, no_adapt: bool,
-                  new: tuple[str, ...], strict: bool, allow_incomplete: bool, overwrite: bool,
+                  new: tuple[str, ...], strict: bool, allow_unverified: bool,
+                  allow_incomplete: bool, overwrite: bool,
                   unsafe: bool, weights_key: str | None, component: str | None,
                   follow_links: bool, verify: bool | None, inputs_path: Path | None,
                   shape: tuple[int, ...] | None, input_dtype: str | None, source_spec: str | None,
                   source_model_kwargs: str | None, layout_of: Path | None,
-                  layout_rules: Path | None, html_path: Path | None,
+                  layout_rules: Path | None, html_path: Path | None, rules_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model, report every key, and save the result.
 
     Exit codes: 0 ok (every model key filled, by name or structure, or outputs compared
     equal), 1 incomplete (keys missing that no --new declares, or --strict failed), 2 bad
     input, 3 unverified (every key filled, some by a guess among same-shape candidates), 4
-    diverged (outputs differ), 5 saved anyway (--allow-incomplete saved --out though the
-    graft is not ok), 130 interrupted. A graft that is not ok saves nothing (exit 1, 3 or 4)
-    unless --allow-incomplete: settle an unverified one first with --verify --source-model
-    MODULE:FACTORY (the command is printed, ready to copy). Without --out, or with --dry-run,
-    nothing is saved and the exit code is the verdict's. With --layout-of, a model that does
-    not fit that checkpoint's layout is bad input (exit 2) unless --allow-incomplete.
+    diverged (outputs differ), 5 saved anyway (--allow-unverified or --allow-incomplete saved
+    --out though the graft is not ok), 130 interrupted. A graft that is not ok saves nothing
+    (exit 1, 3 or 4): settle an unverified one first with --verify --source-model
+    MODULE:FACTORY, and declare a new head with --new NAME (each command is printed, ready to
+    copy). Without --out, or with --dry-run, nothing is saved and the exit code is the
+    verdict's. With --layout-of, a model that does not fit that checkpoint's layout is bad
+    input (exit 2) unless --allow-incomplete.
     """
     writes = _output(out, fmt, dry_run=dry_run, overwrite=overwrite, layout_of=layout_of,
                      layout_rules=layout_rules)
@@ -175,8 +185,13 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             failed = None
         except GraftError as exc:
             report, failed = exc.report, cli_words(str(exc))
-        if failed is None and out is not None and not report.ok and not allow_incomplete:
-            failed = _not_saved(out, report, command_shown=settling is not None)
+        proposed = report.proposed_new() if report.verdict == "incomplete" else []
+        declaring = None if settling is None or not proposed else declaring_command(
+            click.get_current_context().find_root().obj, proposed)
+        allowed = allow_incomplete or (allow_unverified and report.verdict == "unverified")
+        if failed is None and out is not None and not report.ok and not allowed:
+            failed = _not_saved(out, report, command_shown=settling is not None,
+                                proposed=proposed)
         if failed is None and out is not None and not dry_run:
             from ..save import save
 
@@ -186,11 +201,16 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                  progress_bytes=shown.counter("bytes"))
             saved = out
     if html_path is not None:
-        report.to_html(html_path)
+        report.to_html(html_path, command=declaring or (
+            settling if report.verdict == "unverified" else None))
+    rules_saved = rules_path if rules_path is not None and report.ok else None
+    if rules_saved is not None:
+        report.to_rules(rules_saved)
     code = _exit_code(report, failed, saved)
     if as_json:
         print_json(console, {**report.to_dict(), "out": None if saved is None else str(saved),
                              "html": None if html_path is None else str(html_path),
+                             "rules": None if rules_saved is None else str(rules_saved),
                              "error": failed, "exit_code": code})
         return code
     print_report(console, report, details=details, quiet=quiet)
@@ -199,12 +219,21 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                       "(MODULE:FACTORY builds it, as --model builds yours):", highlight=False,
                       soft_wrap=True)
         console.print(f"  {escape(settling)}", highlight=False, soft_wrap=True)
+    if declaring is not None:
+        console.print(f"to declare {few(proposed, show=quoted)} new (a new head: the model's "
+                      "own values kept, listed as new):", highlight=False, soft_wrap=True)
+        console.print(f"  {escape(declaring)}", highlight=False, soft_wrap=True)
     if failed:
         Console(stderr=True).print(f"[red]{safe_text(failed)}[/red]", highlight=False,
                                    soft_wrap=True)
     elif not quiet:
         _print_outcome(console, out if saved is None else saved, saved=saved is not None,
                        html_path=html_path)
+    if rules_path is not None and not quiet:
+        console.print(f"rules written to {escape(str(rules_saved))}: --rules takes them"
+                      if rules_saved is not None else
+                      f"rules not written to {escape(str(rules_path))}: the graft is not ok",
+                      highlight=False, soft_wrap=True)
     return code
 
 
@@ -227,12 +256,23 @@ def _output(out: Path | None, fmt: str | None, *, dry_run: bool, overwrite: bool
     return output_format(out, fmt, option="--out", choices=list(WRITERS))
 
 
-def _not_saved(out: Path, report: GraftReport, *, command_shown: bool) -> str:
-    settle = ("" if report.verdict != "unverified" else
-              "settle it with the command above, or " if command_shown else
-              "settle it with --verify --source-model MODULE:FACTORY, or ")
+def _not_saved(out: Path, report: GraftReport, *, command_shown: bool,
+               proposed: list[str]) -> str:
+    """Why ``--out`` was not written, what settles the graft, and what saves it anyway."""
+    from ..graft.report.heads import cli_new
+
+    above = " (the command above)" if command_shown else ""
+    if report.verdict == "unverified":
+        how = "the command above" if command_shown else "--verify --source-model MODULE:FACTORY"
+        settle = f"settle it with {how}, or --allow-unverified saves it anyway"
+    elif proposed:
+        verb = "is" if len(proposed) == 1 else "are"
+        settle = (f"if {few(proposed, show=quoted)} {verb} new on purpose, add "
+                  f"{cli_new(proposed)}{above}; or --allow-incomplete saves it anyway")
+    else:
+        settle = "--allow-incomplete saves it anyway"
     return (f"not saved to {one_line(str(out))}: the graft is {report.verdict.value.upper()} "
-            f"(see above); {settle}--allow-incomplete saves it anyway (exit 5)")
+            f"(see above); {settle} (exit 5)")
 
 
 def _of_shape(shape: tuple[int, ...], dtype: str | None, model: nn.Module) -> Inputs:

@@ -4,10 +4,10 @@ Exit codes: 0 ok, 1 the work is incomplete (a graft left keys missing, a diff fo
 differences), 2 bad input (missing file, unknown format, corrupt or unsafe file, bad
 arguments), 3 a graft is unverified (some keys were guessed among same-shape candidates),
 4 a graft diverged (outputs compared and differ), 5 a graft that is not ok was saved anyway
-(``--allow-incomplete``), 130 interrupted (Ctrl-C). Errors are one line on stderr naming the
-file, in the command line's words (flags, not Python arguments); ``--debug`` (anywhere on the
-line) adds the traceback. Arguments are checked before torch is imported, so a bad one exits 2
-at once.
+(``--allow-unverified``, ``--allow-incomplete``), 130 interrupted (Ctrl-C). Errors are one
+line on stderr naming the file, in the command line's words (flags, not Python arguments);
+``--debug`` (anywhere on the line) adds the traceback. Arguments are checked before torch is
+imported, so a bad one exits 2 at once.
 
 Commands are imported when they run, not to list them: ``torchgraft --help``, ``--version``
 and tab completion never import torch.
@@ -19,11 +19,12 @@ import importlib
 import logging
 import sys
 import traceback
+import warnings
 
 import click
 
 from .._version import __version__
-from ..errors import TorchgraftError, UnknownFormatError
+from ..errors import TorchgraftError, TorchgraftWarning, UnknownFormatError
 from ..logs import in_report
 from ..text import one_line
 from .interrupt import EXIT_INTERRUPTED, end_now, interrupted, interruptible
@@ -39,8 +40,8 @@ EXIT_BAD_INPUT = 2
 EXIT_CODES = ("0 ok; 1 incomplete (keys missing, --strict failed, differences found); 2 bad "
               "input (a missing, unknown, corrupt or unsafe file, or a bad argument); 3 "
               "unverified (a graft guessed some keys); 4 diverged (a graft's outputs differ); "
-              "5 saved anyway (graft --allow-incomplete wrote --out though the graft is not "
-              "ok); 130 interrupted (Ctrl-C: nothing half-written is left)")
+              "5 saved anyway (graft --allow-unverified or --allow-incomplete wrote --out though "
+              "the graft is not ok); 130 interrupted (Ctrl-C: nothing half-written is left)")
 
 
 # Command name to (module, function, one-line help): imported only when the command runs.
@@ -103,6 +104,8 @@ def cli(debug: bool) -> None:
     handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(lambda record: not in_report(record))  # the report, printed, says it
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
+    # A graft that is not ok warns a script; the command line prints its report instead.
+    warnings.filterwarnings("ignore", category=TorchgraftWarning)
 
 
 class OneLineFormatter(logging.Formatter):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,8 @@ def print_info(console: Console, info: CheckpointInfo, *, limit: int | None) -> 
         facts.append(("model class", f"{info.model_class} (not imported)"))
     if info.skipped_calls:
         facts.append(("not run", ", ".join(info.skipped_calls)
-                      + " (recorded, not called: nothing from the file runs)"))
+                      + " (recorded, not called: nothing from the file runs; --unsafe calls "
+                        "them, for a file you trust)"))
     others = {k: n for k, n in info.weight_sets.items() if k != info.weights_key}
     if others:
         facts.append(("other weights", ", ".join(f"'{k}' ({n})" for k, n in others.items())))
@@ -198,9 +200,19 @@ def print_rows(console: Console, rows: list[tuple[str, str, str]], *,
                      if len(key) > (width - 12) // 2 else _wrap(f"{key}  {detail}", width))
 
 
+#: A number and the word after it (``10 guessed``), kept on one line when text is wrapped.
+_COUNTED = re.compile(r"(?<=\d) (?=\S)")
+_KEPT = "\u00a0"  # textwrap breaks at ASCII whitespace only
+
+
 def _wrap(text: str, width: int) -> list[str]:
-    """Text in lines that fit beside a row's label, never breaking a word (or a key)."""
-    return textwrap.wrap(text, width=width - 12, break_long_words=False, break_on_hyphens=False)
+    """Text in lines that fit beside a row's label.
+
+    Never breaking a word (or a key), and never a number from the word it counts.
+    """
+    lines = textwrap.wrap(_COUNTED.sub(_KEPT, text), width=width - 12, break_long_words=False,
+                          break_on_hyphens=False)
+    return [line.replace(_KEPT, " ") for line in lines]
 
 
 def _print_lines(console: Console, label: str, lines: list[str]) -> None:
@@ -228,7 +240,8 @@ def print_report(console: Console, report: GraftReport, *, details: bool = False
 
     head = report.headline()
     colour = "green" if report.ok else "yellow" if report.complete else "red"
-    console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False)
+    console.print(f"[{colour}]{escape(head)}[/{colour}]", highlight=False,
+                  soft_wrap=not console.is_terminal)  # piped: one line, for grep
     if quiet:
         return
     rows = detail_rows(report) if details else summary_rows(report, hint=DETAILS_FLAG)

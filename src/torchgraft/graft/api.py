@@ -23,7 +23,7 @@ from torch import nn
 from ..checkpoint import Checkpoint, OpenOptions
 from ..errors import TorchgraftError
 from ..gcpause import paused_gc
-from ..logs import IN_REPORT
+from ..logs import warn
 from ..renames import Rule
 from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
@@ -35,10 +35,10 @@ from .fill.quantized import graft_quantized
 from .fill.target import Filled, Filling, fill_model
 from .layouts.norms import NormOffsets, norm_offsets
 from .layouts.rules import RulesSpec, read_rules
-from .plan.adapt import Init, LabelMap, reversible
+from .plan.adapt import Init, LabelMap, Rows, reversible
 from .plan.build import Planned, PlanOptions, plan_graft
 from .plan.passes import computed_assumption
-from .plan.steps import Match, Plan
+from .plan.steps import Match, Plan, is_bookkeeping
 from .report.adapter_scope import scope_to_adapter
 from .report.report import GraftError, GraftReport
 from .sides.adapters import adapter_keys, refuse_plain_target
@@ -94,8 +94,9 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     ``load_state_dict``, and a write that still does not show is reported missing, with the
     reason. ``report.loaded`` lists only what is confirmed.
 
-    A graft that is not ok logs one warning (``logging.getLogger("torchgraft")``): the
-    verdict, the counts and how to settle it. ``print(report)`` shows a summary,
+    A graft that is not ok emits one :class:`~torchgraft.errors.TorchgraftWarning`
+    (:func:`warnings.warn`, shown once per line of your code by default): the verdict, what
+    needs a look and how to settle it. ``print(report)`` shows a summary,
     ``report.details()`` every key.
 
     A sharded model (DTensor parameters: FSDP2, tensor parallel) is grafted on every rank:
@@ -193,6 +194,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
     opening = OpenOptions(unsafe, weights_key, component, follow_links)
     if quantized_modules(target, walked.tensors.state):
         report = _into_quantized(open_source(source, opening), target)
+        _name_sides(report, source, target)
         declare_new(report, target, declared, "keep")
         return _finished(report, strict=strict)
     sharded = sharded_targets(target, walked.tensors.state)
@@ -201,18 +203,21 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
     with open_source(source, opening, example_inputs=source_inputs) as opened:
+        shapes = {key: info.shape for key, info in opened.side.tensors.items()}
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
-                        for info in opened.side.tensors.values()))
+                        for info in opened.side.tensors.values()), source_shapes=shapes)
         expect_reference(source, opened.module, want)  # before the model is touched
         into = _Into(_with_own_renames(rules, target, walked, opened),
                      PlanOptions(match, adapt, init, label_map),
-                     source_norms(source, opened.module, source_model), device, progress)
+                     source_norms(source, opened.module, source_model, shapes=shapes), device,
+                     progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
                                       assign=opened.private)
         if swapped:
             report.warnings.insert(0, swapped)
+        _name_sides(report, source, target)
         declare_new(report, target, declared, init)
         if not sharded and (verify is True or (verify == "auto"
                                                and _plain_copy(planned.plan, report))):
@@ -224,17 +229,31 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
 def _finished(report: GraftReport, *, strict: bool) -> GraftReport:
     """The report, once the graft is done: raised if strict and not clean, else loud if not ok.
 
-    A graft that is not ok logs one warning (as ``load_state_dict`` raises and
-    ``from_pretrained`` logs what it initialised); the command line, which prints the
-    report, leaves it out.
+    A graft that is not ok emits one :class:`~torchgraft.errors.TorchgraftWarning` (as
+    ``load_state_dict`` raises and ``from_pretrained`` prints what it initialised): a script
+    that never prints the report still shows it. The command line, which prints the report,
+    ignores it.
     """
     if strict and not report.clean:
         raise GraftError(report)
     if report.ok:
         logger.debug("%s", report.headline())
     else:
-        logger.warning("%s", report.notice(), extra=IN_REPORT)
+        warn(report.notice())
     return report
+
+
+def _name_sides(report: GraftReport, source: Any, target: nn.Module) -> None:
+    """Name the checkpoint and the model in the report (its page's title, its advice)."""
+    if isinstance(source, (str, os.PathLike)):
+        report.source_name = os.fspath(source)
+    elif isinstance(source, Checkpoint):
+        report.source_name = str(source.path)
+    elif isinstance(source, nn.Module):
+        report.source_name = f"a {type(source).__name__} module"
+    else:
+        report.source_name = "a state dict"
+    report.model_name = type(target).__name__
 
 
 @dataclass(frozen=True)
@@ -287,7 +306,8 @@ def _graft_into(opened: GraftSource, source: Any, target: nn.Module, walked: Wal
                              into.source_norms, norm_offsets(target, modules=modules)),
                              described=describe_sides(source, opened, target,
                                                       modules=modules)))
-    planned.plan.warnings[:0] = warnings
+    if _new_rows(planned.plan):  # said only where some row takes init='s values
+        planned.plan.warnings[:0] = warnings
     filled = fill_model(planned.plan, planned.refs, target,
                         Filling(tensors, into.device, into.progress, sharded, assign))
     report = _report(planned.plan, side, planned.source, scope)
@@ -357,11 +377,13 @@ def _check(report: GraftReport, planned: Planned, sides: tuple[Any, GraftSource,
 def _plain_copy(plan: Plan, report: GraftReport) -> bool:
     """Whether the model should compute what the source computes, decided from the plan.
 
-    Every key is filled (nothing missing or re-initialised) and went through reversible
-    layout operations only, with no cast (a cast rounds, or makes the model compute in
-    another precision than its source).
+    Every key is filled, or what is missing may be in what the checkpoint holds and the plan
+    did not use (comparing outputs pairs it by what it computes); nothing re-initialised; and
+    every key went through reversible layout operations only, with no cast (a cast rounds, or
+    makes the model compute in another precision than its source).
     """
-    return (report.complete and not report.reinitialised and not report.new
+    pairable = report.complete or any(not is_bookkeeping(k) for k in report.unused)
+    return (pairable and not report.reinitialised and not report.new
             and all(not step.cast and all(reversible(op) is not None for op in step.ops)
                     for step in plan.steps))
 
@@ -390,6 +412,13 @@ def _init_for(on_meta: bool, choices: PlanOptions) -> tuple[PlanOptions, list[st
             "the model is on the meta device, so it has no values of its own to keep: new rows "
             "and re-initialised heads use init='normal'"]
     return choices, []
+
+
+def _new_rows(plan: Plan) -> bool:
+    """Whether the plan gives some row fresh values: a re-initialised head, an added row."""
+    return bool(plan.reinitialised) or any(
+        isinstance(op, Rows) and len(op.pairs()) < op.n_to for step in plan.steps
+        for op in step.ops)
 
 
 def _report(plan: Plan, target: Side, source: Side, scope: set[str] | None) -> GraftReport:
@@ -434,7 +463,7 @@ def _in_order(source: Any, model: Any) -> tuple[Any, nn.Module, str]:
                                                             Checkpoint)):
         warning = ("the arguments came as graft(model, checkpoint); the order is "
                    "tg.graft(checkpoint, model) (the model is filled in place either way)")
-        logger.warning("%s", warning)
+        warn(warning)
         return model, source, warning
     raise TorchgraftError(
         f"tg.graft(source, model): the model must be an nn.Module, got a "

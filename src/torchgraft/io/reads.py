@@ -20,6 +20,7 @@ import torch
 
 from ..errors import CorruptCheckpointError, TorchgraftError, reading
 from ..meta import TensorRef
+from .source import file_named
 
 __all__ = ["IOV_MAX", "RUN_BYTES", "Read", "batches", "plan_read", "read_all", "runs"]
 
@@ -130,15 +131,16 @@ def _read_run(fds: dict[str, int], run: list[Read]) -> None:
     views = [r.out.detach().reshape(-1).view(torch.uint8).numpy().data
              for r in run if r.nbytes]
     offset = first.offset
+    named = file_named(first.path)  # a held file's descriptor name: the file it stands for
     while views:
         try:
-            with reading(first.path):
+            with reading(named):
                 count = os.preadv(fds[first.path], views, offset)
         except TorchgraftError as exc:
             raise exc.about(first.name) from exc.__cause__
         if count <= 0:
             raise CorruptCheckpointError(f"'{first.name}' or a tensor after it ends early: "
-                                         "the file shrank while open", path=first.path)
+                                         "the file shrank while open", path=named)
         offset += count
         while views and count >= len(views[0]):
             count -= len(views[0])

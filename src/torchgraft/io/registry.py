@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..bounds import MAX_INDEX_BYTES
@@ -11,6 +12,7 @@ from ..errors import (
     TorchgraftError,
     UnknownFormatError,
     UnsupportedCheckpointError,
+    brief,
     reading,
 )
 from ..text import few
@@ -163,12 +165,35 @@ def detect(path: Path, *, follow_links: bool = False) -> tuple[Format, Path]:
     if nature is not None:
         raise UnknownFormatError(nature, path=path)
     if fmt_by_suffix is not None:
-        return fmt_by_suffix, path
+        unrecognised = fmt_by_suffix.magic is not None and not textual
+        return (_by_suffix_alone(fmt_by_suffix) if unrecognised else fmt_by_suffix), path
     known = ", ".join(f.name for f in _FORMATS)
     raise UnknownFormatError(
         f"not a checkpoint format torchgraft reads (neither its first bytes nor its suffix "
         f"match one); it reads {known}",
         path=path)
+
+
+def _by_suffix_alone(fmt: Format) -> Format:
+    """A format picked by a file's suffix alone, its first bytes being none it recognises.
+
+    Such a file is not the format (random bytes, another kind of file), or one damaged at its
+    very start: where it does not parse, the error says so, not "truncated or malformed"
+    (which would send its user looking for the rest of a file that never was one).
+    """
+    def open_unrecognised(path: Path, options: ReadOptions) -> Contents:
+        try:
+            with reading(path):
+                return fmt.open(path, options)
+        except CorruptCheckpointError as exc:
+            why = brief(exc.__cause__) if exc.__cause__ is not None else exc.message
+            raise UnknownFormatError(
+                f"not a checkpoint format torchgraft knows: its first bytes match none of the "
+                f"formats it reads, and read as its suffix says ({fmt.name}) it does not parse "
+                f"({why}). It is another kind of file, or a checkpoint damaged from its first "
+                "byte: fetch or save it again", path=path) from exc
+
+    return replace(fmt, open=open_unrecognised)
 
 
 def open_contents(path: Path, options: ReadOptions) -> Contents:

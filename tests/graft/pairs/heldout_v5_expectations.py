@@ -19,40 +19,19 @@ from __future__ import annotations
 # The classes of failure seen on main (issue 37's list), one line each.
 
 #: The original VAE and diffusers': levels numbered the other way, resampling and shortcut
-#: convolutions under other names.
-VAE_NAMES = ("decoder levels numbered the other way (up.{i} is up_blocks.{n-1-i}): from the "
-             "live module the levels are paired right, but the shortcut and resampling "
-             "convolutions under other names (nin_shortcut/conv_shortcut, downsample/"
-             "downsamplers.0) are left missing and two same-shape GroupNorms (the attention's "
-             "norm, norm_out) guessed: INCOMPLETE; from files the 3x3 convolutions of a block and "
-             "the reversed levels are ambiguous too (structure collapses)")
-#: CodeGen's fused projection per model-parallel core.
-PER_CORE = ("CodeGen's qkv_proj holds 4 blocks, one per model-parallel core, [q, v, k] in each: "
-            "split (or fused) as [Q; K; V] thirds; with the code at hand (module, or a config "
-            "naming the class) outputs DIVERGE at the first attention and no other split is "
-            "tried")
+#: convolutions under other names. From the live module, the modules' inputs pair them.
+VAE_NAMES = ("decoder levels numbered the other way (up.{i} is up_blocks.{n-1-i}), the shortcut "
+             "and resampling convolutions under other names (nin_shortcut/conv_shortcut, "
+             "downsample/downsamplers.0): from a bare file the 3x3 convolutions of a block and "
+             "the reversed levels are ambiguous (structure collapses): INCOMPLETE")
+#: CodeGen's fused projection per model-parallel core: a bare file cannot say it.
 PER_CORE_FILE = ("a bare file does not say that qkv_proj holds per-core [q, v, k] blocks "
                  "([Q; K; V] thirds have the same shapes): it must end UNVERIFIED naming the "
-                 "split as a guess, settled by the source's code; today the thirds are taken "
-                 "as known (no guess named, other outputs)")
-#: AI2's fused attention beside its fused feed-forward.
-OLMO_FUSED = ("AI2 OLMo's att_proj ([q; k; v], grouped key/value heads) beside its ff_proj ([up; "
-              "gate], split right): q, k, v are left missing as 'structure is ambiguous' (q_proj "
-              "and o_proj have the same shape), not split: INCOMPLETE")
-#: Interleaved-pair rotary with grouped heads.
-ROTARY_GQA = ("interleaved-pair rotary (OLMo-core's complex rotations) with grouped key/value "
-              "heads: into OLMo-core, q/o and k/v (same shapes) are guessed and settling tries 5-6 "
-              "swaps, not the rotary row order: DIVERGED at the first attention (from OLMo-core's "
-              "live module the other way is found)")
+                 "split as a guess, settled by the source's code")
+#: Interleaved-pair rotary with grouped heads: a bare file cannot say the order.
 ROTARY_FILE = ("a bare file does not say OLMo-core's rotary order (complex rotations pair adjacent "
                "rows; halves have the same shapes): it must end UNVERIFIED naming the permutation, "
-               "settled by the source's code; into OLMo-core today, q and o are guessed (a sorted "
-               "file even exchanges them) and settling with source_model= does not end ok (the "
-               "other way, from OLMo-core's files, is settled)")
-#: Issue 37's false ok: same-shape siblings inside one module paired by a sorted file's order.
-SORTED_SIBLINGS = ("false ok: the global response norms' weight and bias, under names no table "
-                   "knows, read from a file stored sorted (the second first) are filled exchanged "
-                   "and the graft says ok (issue 37's ConvNeXt V2 GRN gamma/beta case)")
+               "settled by the source's code")
 
 _BARE = ("pt", "safetensors")
 _CODEGEN = ("transformers CodeGen -> transformers GPT-J",
@@ -62,15 +41,8 @@ _FROM_CORE = "OLMo-core Llama (complex rotary) -> transformers Llama"
 _LDM, _DIFFUSERS = "latent-diffusion AutoencoderKL", "diffusers AutoencoderKL"
 
 _FAILING: dict[str, dict[str, str]] = {
-    f"{_LDM} -> {_DIFFUSERS}": dict.fromkeys(("module", *_BARE), VAE_NAMES),
-    f"{_DIFFUSERS} -> {_LDM}": dict.fromkeys(("module", *_BARE, "pretrained"), VAE_NAMES),
-    **{pair: {"module": PER_CORE, "pretrained": PER_CORE} | dict.fromkeys(_BARE, PER_CORE_FILE)
-       for pair in _CODEGEN},
-    "AI2 OLMo -> transformers OLMo": dict.fromkeys(("module", *_BARE), OLMO_FUSED),
-    "transformers OLMo -> AI2 OLMo": dict.fromkeys(("module", *_BARE, "pretrained"), OLMO_FUSED),
-    _TO_CORE: {"module": ROTARY_GQA, "pretrained": ROTARY_GQA} | dict.fromkeys(_BARE, ROTARY_FILE),
-    "timm ConvNeXt V2 -> transformers ConvNeXt V2": {"sorted/safetensors": SORTED_SIBLINGS},
-    "transformers ConvNeXt V2 -> timm ConvNeXt V2": {"sorted/safetensors": SORTED_SIBLINGS},
+    f"{_LDM} -> {_DIFFUSERS}": dict.fromkeys(_BARE, VAE_NAMES),
+    f"{_DIFFUSERS} -> {_LDM}": dict.fromkeys((*_BARE, "pretrained"), VAE_NAMES),
 }
 
 NOT_YET: dict[tuple[str, str], str] = {

@@ -24,6 +24,7 @@ import torchgraft as tg
 from tests.graft.pairs import references as ref
 from tests.graft.pairs.codebases import ARCHS, TWIN_HEADS, Arch, Inputs
 from tests.graft.pairs.values import randomise
+from torchgraft.graft.plan.passes import KEPT_VALUES
 
 FLAVOURS = ("module", "pt", "safetensors", "pretrained")
 TWINS = ("deeper", "heads", "norms", "sorted")
@@ -280,6 +281,32 @@ def write_sorted_siblings(state: Mapping[str, torch.Tensor], siblings: tuple[str
 def _blocks(path: str) -> str:
     """A pattern of a module path where ``*`` stands for any block number."""
     return r"\.".join(r"\d+" if part == "*" else re.escape(part) for part in path.split("."))
+
+
+def assert_rules_reproduce(pair: Pair, folder: Path) -> None:
+    """The module case, settled by comparing outputs, written as rules: fed back with the
+    file (no search, no comparison), the graft is ok by rule and fills every tensor bit for
+    bit as the search did."""
+    source, expected = built(pair.source)
+    searched = pair.target.build().eval()
+    options: dict[str, Any] = {}
+    if pair.target.inputs(INPUTS) is not None and pair.source.inputs(INPUTS) is not None:
+        options = {"example_inputs": pair.target.inputs(INPUTS),
+                   "source_inputs": pair.source.inputs(INPUTS)}
+    report = tg.graft(source, searched, **options)
+    assert verdict(report) == "ok" and outputs_equal(run(pair.target, searched), expected), \
+        report.details()
+    rules = report.to_rules(folder / "rules.json")
+    again = pair.target.build().eval()
+    ruled = tg.graft(write(pair.source, source, "pt", folder), again,
+                     rules=folder / "rules.json", verify=False)
+    # what the checkpoint lacks (a rotary table the model computes) stays the one assumption
+    kept = [a for a in ruled.assumptions if a.what != KEPT_VALUES]
+    assert not ruled.guesses and not kept and not ruled.tried and ruled.complete, (
+        rules, ruled.details())
+    values = again.state_dict()
+    for key, value in searched.state_dict().items():
+        assert torch.equal(values[key], value), key
 
 
 def through_reference(pair: Pair) -> tuple[Any, torch.Tensor, torch.Tensor]:

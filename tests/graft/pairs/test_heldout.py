@@ -47,6 +47,7 @@ from tests.graft.pairs.heldout_expectations import (  # noqa: E402
 from tests.graft.pairs.pairs import (  # noqa: E402
     Pair,
     assert_never_ok,
+    assert_rules_reproduce,
     case_key,
     flavours,
     graft_case,
@@ -142,3 +143,9 @@ def test_no_new_layout_applies_between_heldout_sides(source: str, target: str) -
     name = f"{source} -> {target}"
     new = layouts_between(_shapes(source), _shapes(target)) - KNOWN_LAYOUTS.get(name, frozenset())
     assert not new, f"layouts now stand between {name}: {sorted(new)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", HELDOUT_PAIRS, ids=HELDOUT_PAIR_IDS)
+def test_rules_reproduce_the_settled_graft(pair: Pair, tmp_path: Path) -> None:
+    assert_rules_reproduce(pair, tmp_path)

@@ -24,6 +24,7 @@ from tests.graft.pairs.pairs import (  # noqa: E402
     PAIRS,
     Pair,
     assert_never_ok,
+    assert_rules_reproduce,
     flavours,
     graft_case,
     outputs_equal,
@@ -69,3 +70,9 @@ def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("pair", "twin", "flavour"), TWIN_CASES)
 def test_broken_twin_is_never_ok(pair: Pair, twin: str, flavour: str, tmp_path: Path) -> None:
     assert_never_ok(graft_case(pair, flavour, tmp_path, twin=twin), twin)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_rules_reproduce_the_settled_graft(pair: Pair, tmp_path: Path) -> None:
+    assert_rules_reproduce(pair, tmp_path)

@@ -5,6 +5,8 @@ its control."""
 from __future__ import annotations
 
 import logging
+import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -32,22 +34,29 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "torchgraft" and r.levelno >= logging.WARNING]
 
 
-def test_a_graft_not_ok_logs_one_warning_an_ok_one_none(caplog: pytest.LogCaptureFixture) -> None:
+def _warned(graft: Callable[[], tg.GraftReport]) -> tuple[tg.GraftReport, list[str]]:
+    """The report of a graft and the TorchgraftWarnings it emitted (every one, not once)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = graft()
+    return report, [str(w.message) for w in caught if w.category is tg.TorchgraftWarning]
+
+
+def test_a_graft_not_ok_warns_once_an_ok_one_not(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="torchgraft")
-    report = tg.graft(_Pairs(2, ("p", "r")).state_dict(), _Pairs(2, ("a", "b")))
-    assert report.verdict == "unverified"
-    [record] = _warnings(caplog)
-    message = record.getMessage()
+    report, [message] = _warned(
+        lambda: tg.graft(_Pairs(2, ("p", "r")).state_dict(), _Pairs(2, ("a", "b"))))
+    assert report.verdict == "unverified" and not _warnings(caplog)  # a warning, not a log
     assert message.startswith("graft UNVERIFIED: 8 loaded") and "8 guessed" in message
+    assert "  guess     blocks.0.a (2 keys)" in message  # what needs a look, as print shows
     assert "source_model=" in message and "report.details()" in message  # how to settle
-    caplog.clear()
-    missing = tg.graft({"0.weight": torch.zeros(2, 2)}, nn.Sequential(nn.Linear(2, 2)))
-    [record] = _warnings(caplog)
-    assert missing.verdict == "incomplete" and "'0.bias' missing" in record.getMessage()
-    assert "new=" in record.getMessage()  # a part new on purpose is declared so
-    caplog.clear()
-    ok = tg.graft(_Pairs(2, ("a", "b")).state_dict(), _Pairs(2, ("a", "b")))
-    assert ok.ok and not _warnings(caplog)  # the control: nothing to say
+    missing, [message] = _warned(
+        lambda: tg.graft({"0.weight": torch.zeros(2, 2)}, nn.Sequential(nn.Linear(2, 2))))
+    assert missing.verdict == "incomplete" and "  missing   0.bias  " in message
+    assert "new=" in message  # a part new on purpose is declared so
+    ok, said = _warned(lambda: tg.graft(_Pairs(2, ("a", "b")).state_dict(),
+                                        _Pairs(2, ("a", "b"))))
+    assert ok.ok and not said  # the control: nothing to say
 
 
 def test_str_is_a_summary_one_line_per_module_details_every_key() -> None:

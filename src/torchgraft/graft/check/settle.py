@@ -31,13 +31,14 @@ from ...text import few
 from ..layouts.conventions import unit_of
 from ..layouts.ops import RotaryRows
 from ..plan.adapt import reversible
-from ..plan.steps import Plan, PlanStep
+from ..plan.steps import Plan, PlanStep, is_bookkeeping
 from ..report.report import GraftReport
 from ..search.activations import Run, as_call, differ, run_recorded
 from ..search.edits import Relayout, Rotate, moved_key
+from ..search.pairing import BY_INPUT, Missing, pair_missing
 from ..search.unit import MAX_TRIALS, Unit, apply_choice, same_type, search_unit
 from ..search.view import FOUND, PlanView
-from ..search.vocabulary import Choice, Dimension, Heads, dimensions, heads_of
+from ..search.vocabulary import Choice, Dimension, Heads, dimensions, heads_of, lookalikes
 from ..sides.model import state_tensors
 from .compare import NotComparable, Verification, compare
 from .reference import Reference
@@ -115,18 +116,22 @@ class _Search:
         self.modules = dict(target.named_modules())
         self.everywhere: dict[str, list[str]] = {}
         self.counts: dict[str, int] = {}
-        for key in self.view.steps:
-            self.everywhere.setdefault(_module(key), []).append(key)
-            parts = key.split(".")
-            for k in range(1, len(parts)):
-                prefix = ".".join(parts[:k])
-                self.counts[prefix] = self.counts.get(prefix, 0) + 1
+        self._index(self.view.steps)
         self.settled: list[str] = []
         self.tried: list[str] = []
         self.reordered: set[str] = set()
         self.kept: list[tuple[str, Choice]] = []
 
-    def dimensions(self, scope: str) -> list[Dimension]:
+    def _index(self, keys: Iterable[str]) -> None:
+        """Loaded keys by module, and how many lie under each module."""
+        for key in keys:
+            self.everywhere.setdefault(_module(key), []).append(key)
+            parts = key.split(".")
+            for k in range(1, len(parts)):
+                prefix = ".".join(parts[:k])
+                self.counts[prefix] = self.counts.get(prefix, 0) + 1
+
+    def _own_dimensions(self, scope: str) -> list[Dimension]:
         """A scope's decision points: its loaded keys (the whole model's: those outside blocks)."""
         keys = [k for k in self.view.steps if (k.startswith(f"{scope}.") if scope
                                                else not unit_of(_module(k)))]
@@ -158,8 +163,8 @@ class _Search:
 
     def settle(self, unit: Unit, source: Run, reference: Reference, rtol: float) -> bool:
         """Search one unit (what was kept for its type first); spread what it keeps."""
-        searched = search_unit(self.target, self.view, self.state, unit, self._dimensions(),
-                               rtol=rtol, budget=MAX_TRIALS)
+        searched = search_unit(self.target, self.view, self.state, unit,
+                               self._dimensions(unit.watched), rtol=rtol, budget=MAX_TRIALS)
         self.view.cache.clear()
         self.tried += [f"'{unit.watched}': {t}" for t in searched.tried]
         if searched.choice is None:
@@ -172,15 +177,20 @@ class _Search:
         self.settled.append(f"{choice.describe()}, {FOUND}{more}")
         return True
 
-    def _dimensions(self) -> Callable[[str], list[Dimension]]:
-        """A scope's decision points, the choices kept for units of its type first."""
+    def _dimensions(self, watched: str) -> Callable[[str], list[Dimension]]:
+        """A scope's decision points, the choices kept for units of its type first.
+
+        The whole model's scope (the last) is what lies outside every block, and the
+        watched module exchanged with same-shape modules elsewhere.
+        """
         def found(scope: str) -> list[Dimension]:
             earlier = [Choice(tuple(e.moved(block, other) for e in choice.edits))
                        for kept_scope, choice in self.kept
                        for block, other in same_type(kept_scope, self.modules)
                        if scope == moved_key(kept_scope, block, other)]
             usable = [c for c in earlier if all(k in self.view.steps for k in c.keys)]
-            return [*([usable] if usable else []), *self.dimensions(scope)]
+            elsewhere = lookalikes(watched, self.shapes, self.everywhere) if not scope else []
+            return [*([usable] if usable else []), *self._own_dimensions(scope), *elsewhere]
         return found
 
     def _spread(self, scope: str, choice: Choice, source: Run, reference: Reference,
@@ -224,15 +234,49 @@ class _Search:
             self.reordered |= _reordered(moved)
         return len(applied)
 
+    def pair_missing(self, source: Run, reference: Reference, rtol: float) -> bool:
+        """Fill what the plan left missing where the modules' inputs say the source.
+
+        Returns:
+            Whether any key was filled (a guess until outputs compare equal).
+        """
+        stored = self.plan.layout.stored if self.plan.layout is not None else {}
+        missing = Missing(tuple(k for k in self.report.missing
+                                if not is_bookkeeping(k) and k in self.state),
+                          tuple(k for k in self.report.unused if k in stored),
+                          reference.names,
+                          {**self.shapes, **{f"source:{k}": tuple(i.shape)
+                                             for k, i in stored.items()}})
+        if not missing.targets or not missing.sources:
+            return False
+        found = pair_missing(self.view, missing, run_recorded(self.target,
+                                                              reference.target_call),
+                             source, rtol)
+        if not found:
+            return False
+        with torch.no_grad():
+            for key, step in found.items():
+                self.state[key].copy_(self.view.value(step, self.state[key]))
+        self.view.cache.clear()
+        self.view.steps.update(found)
+        self._index(found)
+        used = _reachable(found.values(), self.view.made)
+        self.report.take_paired(found, used, BY_INPUT)
+        return True
+
     def write_back(self) -> None:
         """Record what was kept as the plan's own steps, and in the report."""
         view, plan, report = self.view, self.plan, self.report
-        changed = [k for k, step in view.steps.items() if self.before[k] is not step]
+        changed = [k for k, step in view.steps.items() if self.before.get(k) is not step]
         if not changed:
             return
         before = _reachable(self.before.values(), view.made)
         after = _reachable(view.steps.values(), view.made)
-        plan.steps = [view.steps[step.target] for step in plan.steps]
+        plan.steps = [view.steps[step.target] for step in plan.steps] + [
+            view.steps[k] for k in report.loaded if k not in self.before]
+        for key in (k for k in changed if k not in self.before):
+            plan.missing.pop(key, None)
+        plan.unused = {k: why for k, why in plan.unused.items() if k not in after}
         if plan.layout is not None:
             kept = tuple(d for d in plan.layout.derivations
                          if not set(d.outputs) <= before or set(d.outputs) & after)
@@ -318,6 +362,11 @@ def verify_graft(report: GraftReport, plan: Plan, target: nn.Module, reference: 
     reference, source, result = first
     search = _Search(report, plan, target, refs, heads_of(target, reference.module))
     for _ in range(MAX_UNITS):
+        if search.pair_missing(source, reference, rtol):  # then what it filled is compared
+            result = compare(source, target, None, reference.target_call,
+                             module_map=search.module_map(reference.names),
+                             rtol=rtol, outputs=not report.new)
+            continue
         if result.divergence is None or result.unit is None:
             break
         watched = result.unit[0]
@@ -380,7 +429,12 @@ def _record(report: GraftReport, result: Verification, reference: Reference,
     report.settled = list(kept)
     if result.compared != "outputs":
         report.warnings.append(f"compared {result.compared}")
-    if result.divergence is not None:
+    missing = [k for k in report.missing if not is_bookkeeping(k)]
+    if result.divergence is not None and missing:
+        report.warnings.append(f"outputs differ from {reference.origin}'s with "
+                               f"{len(missing)} keys missing (first '{missing[0]}'): what "
+                               "fills them was not found")
+    elif result.divergence is not None:
         tried = f"; {len(report.tried)} hypotheses tried" if report.tried else ""
         report.diverged_at = result.unit[0] if result.unit is not None else None
         report.divergence = (f"{result.divergence}; {result.compared} differ by "

@@ -88,7 +88,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     options = Options.of(layouts, dst, adapt=adapt, init=init, label_map=label_map,
                          derived=dict(derived or {}), doubts=dict(doubts or {}),
                          source_heads=bool(src.head_dims), norms=norms or NormOffsets(),
-                         conventions=bool(norms and norms.matter()) or on_both(src, dst))
+                         conventions=bool(norms and norms.matter()) or on_both(src, dst),
+                         ruled=frozenset(ruled))
     state = PassState(src, dst, Plan(init=init), options, rules=rules, match=match,
                      ruled=frozenset(ruled), described=described or Described())
     plan = run_passes(state)

@@ -130,6 +130,8 @@ class Options:
         norms: The offsets both sides' norms store their scales with (Gemma's ``gamma - 1``).
         conventions: Whether a pair may need what two code bases store differently (a norm's
             unit offset, a gated projection's halves); if not, same shapes are a plain copy.
+        ruled: Source keys the user's operation rules made: in the layout the rules say, so a
+            ruled tensor the model's shape takes is copied as it is (cast aside).
     """
 
     layouts: Sequence[Layout]
@@ -145,6 +147,7 @@ class Options:
     source_heads: bool = True
     norms: NormOffsets = field(default_factory=NormOffsets)
     conventions: bool = True
+    ruled: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, layouts: Sequence[Layout], dst: Side, **kwargs: Any) -> Options:
@@ -270,6 +273,13 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         options: The options.
     """
     dst = options.dst.tensors[target]
+    if source in options.ruled and src.shape == dst.shape:  # the rules said its layout
+        cast = "" if src.dtype == dst.dtype else \
+            f"{dtype_name(src.dtype)}->{dtype_name(dst.dtype)}"
+        made = (Step(_VIRTUAL, options.derived[source]),) if source in options.derived else ()
+        plan.steps.append(PlanStep(target, source, how, made, cast,
+                                   _evidence(plan, target, how)))
+        return
     if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
             and source not in options.derived and source not in options.doubts
             and not options.conventions):

@@ -5,11 +5,14 @@ adapted, re-initialised, tied, new, missing) and linked to the source tensor tha
 every source tensor links back, or is marked unused. Each row shows the tensor's shape and
 dtype, two tags (how it was filled, and the evidence for its match: name, structure, guess,
 verified) and, for anything not plainly loaded, the reason, in the page (not only on hover).
-The header gives the verdict, whether outputs were compared, and what needs a look first
-(:data:`ATTENTION`: missing keys, guesses, where outputs diverge), linked. Only the modules
-that hold such a key open; the rest are collapsed. A search box filters keys (``?q=text`` in
-the address fills it; modules with no key left are hidden, those with one open), and a
-checkbox per kind and per evidence filters by them, each labelled with the word its tags show.
+The title and the header name the checkpoint and the model; the header gives the verdict,
+whether outputs were compared, what needs a look first (:data:`ATTENTION`: missing keys,
+guesses, where outputs diverge), one line per module, linked, and the command that settles
+the graft, ready to copy. Only the modules that hold such a key open; the rest are collapsed.
+Key names break only after a dot or an underscore, prose between words. A search box filters
+keys (``?q=text`` in the address fills it; modules with no key left are hidden, those with one
+open), and a checkbox per kind and per evidence filters by them, each labelled with the word
+its tags show.
 No network: styles and the few lines of script are inline.
 
 Everything the page shows from a checkpoint or a model (key names, shapes, reasons, messages)
@@ -31,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...text import one_line
+from ...units import plural
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +80,10 @@ main{display:grid;grid-template-columns:1fr 1fr;gap:16px;padding:0 20px 40px}
 details{margin-left:14px}summary{cursor:pointer;color:#444}
 .n{color:#999;font-size:12px}
 .t{margin-left:28px;padding:1px 6px;border-left:4px solid;font-family:ui-monospace,monospace;
-   font-size:13px;word-break:break-all}
+   font-size:13px;overflow-wrap:break-word}
+.sides{margin:0 0 4px;color:#444}
+pre.command{background:#263238;color:#eceff1;padding:6px 10px;margin:4px 0;white-space:pre-wrap;
+   overflow-wrap:break-word;user-select:all}
 .t a{color:inherit;opacity:.75;margin-left:8px}
 .t .m{color:#666;margin-left:8px;font-size:12px}
 .t .e,.t .k{color:#666;margin-left:6px;font-size:11px;border:1px solid #ccc;border-radius:3px;
@@ -160,6 +167,26 @@ def _text(text: str) -> str:
     return html.escape(one_line(text))
 
 
+def _name(key: str) -> str:
+    """A key or module name as the page shows it: it may break after a dot or an underscore.
+
+    A long name wraps between its parts (``<wbr>``), never inside one.
+    """
+    return "<wbr>".join(_text(part) + sep for part, sep in _parts(key))
+
+
+def _parts(key: str) -> list[tuple[str, str]]:
+    """A name cut after each dot and underscore: ``(part, separator)`` pairs."""
+    parts: list[tuple[str, str]] = []
+    start = 0
+    for i, char in enumerate(key):
+        if char in "._":
+            parts.append((key[start:i], char))
+            start = i + 1
+    parts.append((key[start:], ""))
+    return parts
+
+
 def _modules(key: str) -> list[str]:
     """The modules a key's tree shows it under: at most :data:`MAX_DEPTH` levels."""
     *path, _leaf = key.split(".")
@@ -207,7 +234,7 @@ def _render_tree(root: dict[str, Any], row: Callable[[str], tuple[str, bool]],
             if stack:
                 _, _, outer, outer_count = stack[-1]
                 opened = " open" if count[1] else ""
-                outer.append(f"<details{opened}><summary>{_text(name.removesuffix('.'))} "
+                outer.append(f"<details{opened}><summary>{_name(name.removesuffix('.'))} "
                              f"<span class=n>{count[0]}</span></summary>{''.join(parts)}"
                              "</details>")
                 outer_count[0] += count[0]
@@ -218,7 +245,7 @@ def _render_tree(root: dict[str, Any], row: Callable[[str], tuple[str, bool]],
 def _row(key: str, anchor: str, kind: str, *, shape: str | None, links: str, evidence: str,
          why: str, look: bool) -> str:
     """One tensor: its leaf name, shape and dtype, tags (kind, evidence), links, the reason."""
-    parts = [f"<b>{_text(key.rpartition('.')[2])}</b>"]
+    parts = [f"<b>{_name(key.rpartition('.')[2])}</b>"]
     if shape:
         parts.append(f"<span class=m>{_text(shape)}</span>")
     parts.append(f"<span class=k>{html.escape(kind)}</span>")
@@ -232,6 +259,13 @@ def _row(key: str, anchor: str, kind: str, *, shape: str | None, links: str, evi
     return (f'<div class="t kind-{kind}{" look" if look else ""}" id="{anchor}" '
             f'data-kind="{kind}" data-evidence="{_text(evidence)}" data-key="{_text(key)}" '
             f'title="{_text(hover)}">{"".join(parts)}</div>')
+
+
+def _sides(report: GraftReport) -> str:
+    """``resnet18.pth into ResNet18``: what was grafted into what, where the report knows."""
+    if not report.source_name and not report.model_name:
+        return ""
+    return f"{report.source_name or 'a checkpoint'} into {report.model_name or 'a model'}"
 
 
 def _policy(style: str, script: str) -> str:
@@ -268,15 +302,24 @@ def _needs_look(report: GraftReport, key: str) -> str:
 
 
 def _attention(looks: dict[str, str], anchors: dict[str, str]) -> str:
-    """The header's list of what needs a look, first: at most :data:`_LISTED` links."""
+    """The header's list of what needs a look, first: one link per module.
+
+    At most :data:`_LISTED` lines; the keys of one module that need a look for one reason
+    are one line (``missing: classifier (2 keys)``), linked to its first key.
+    """
     if not looks:
         return ""
-    items = [f'<li>{why}: <a href="#{anchors[key]}">{_text(key)}</a></li>'
-             for key, why in list(looks.items())[:_LISTED]]
-    if len(looks) > _LISTED:
-        items.append(f"<li>and {len(looks) - _LISTED} more: the filters and the open modules "
-                     "below show each</li>")
-    return f"<h2>needs a look: {len(looks)}</h2><ul id=attention>{''.join(items)}</ul>"
+    modules: dict[tuple[str, str], list[str]] = {}
+    for key, why in looks.items():
+        modules.setdefault((why, key.rpartition(".")[0] or key), []).append(key)
+    items = [f'<li>{why}: <a href="#{anchors[keys[0]]}">'
+             + (f"{_name(module)} ({len(keys)} keys)" if len(keys) > 1 else _name(keys[0]))
+             + "</a></li>" for (why, module), keys in list(modules.items())[:_LISTED]]
+    if len(modules) > _LISTED:
+        items.append(f"<li>and {len(modules) - _LISTED} more modules: the filters and the open "
+                     "modules below show each</li>")
+    return (f"<h2>needs a look: {plural(len(looks), 'key')} in "
+            f"{plural(len(modules), 'module')}</h2><ul id=attention>{''.join(items)}</ul>")
 
 
 def _filters(kinds: dict[str, int], evidence: dict[str, int]) -> str:
@@ -291,16 +334,22 @@ def _filters(kinds: dict[str, int], evidence: dict[str, int]) -> str:
             + boxes("kind", kinds, KINDS) + boxes("evidence", evidence, EVIDENCE))
 
 
-def render_html(report: GraftReport, *, title: str = "torchgraft graft report") -> str:
+def render_html(report: GraftReport, *, title: str | None = None,
+                command: str | None = None) -> str:
     """Render a graft report as a self-contained HTML page.
 
     Args:
         report: The report.
-        title: The page title.
+        title: The page title; by default the checkpoint, the model and the verdict.
+        command: The command that settles the graft, shown to copy; by default the report's
+            own (:meth:`GraftReport.settle_call`), if any.
 
     Returns:
         The page.
     """
+    sides = _sides(report)
+    title = title or f"{sides or 'graft'}: {report.verdict.value} - torchgraft"
+    command = command if command is not None else report.settle_call()
     targets = report.targets or [*dict.fromkeys([
         *report.loaded, *report.reinitialised, *report.tied, *report.new, *report.missing,
         *report.not_in_adapter, *report.initialised])]
@@ -326,7 +375,7 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
         link = ""
         if key in report.mapping and report.mapping[key] in source_id:
             link = (f'<a href="#{source_id[report.mapping[key]]}">&larr; '
-                    f"{_text(report.mapping[key])}</a>")
+                    f"{_name(report.mapping[key])}</a>")
         return _row(key, target_id[key], kind, shape=report.shapes.get(key), links=link,
                     evidence=evidence, why=_target_note(report, key),
                     look=key in looks), key in looks
@@ -336,7 +385,7 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
         kind = _target_kind(report, users[0]) if users else "unused"
         if not users:
             kinds["unused"] += 1
-        links = "".join(f'<a href="#{target_id[u]}">&rarr; {_text(u)}</a>' for u in users
+        links = "".join(f'<a href="#{target_id[u]}">&rarr; {_name(u)}</a>' for u in users
                         if u in target_id)
         why = "" if users else "not used: " + report.reasons.get(key, "nothing in the model "
                                                                        "takes it")
@@ -361,10 +410,13 @@ def render_html(report: GraftReport, *, title: str = "torchgraft graft report") 
         f'<meta http-equiv="Content-Security-Policy" content="{_policy(style, _SCRIPT)}">'
         f"<title>{_text(title)}</title><style>{style}</style></head><body>"
         f"<header><h1>{verdict}: {_text(counts)}</h1>"
-        f"<p class=compared id=compared>{_text(_compared(report))}</p>"
+        + (f"<p class=sides id=sides>{_text(sides)}</p>" if sides else "")
+        + f"<p class=compared id=compared>{_text(_compared(report))}</p>"
         + _attention(looks, target_id)
         + (f"<ul class=notes>{''.join(f'<li>{_text(n)}</li>' for n in notes)}</ul>"
            if notes else "")
+        + (f"<h2>copy and run:</h2><pre class=command id=command>{_text(command)}</pre>"
+           if command else "")
         + f"</header><nav id=filters>{_filters(kinds, evidences)}</nav><main>"
         f"<section id=target><h2>model: {len(targets)} tensors</h2>{''.join(target_html)}"
         f"</section><section id=source><h2>checkpoint: {len(sources)} tensors</h2>"

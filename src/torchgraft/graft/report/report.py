@@ -13,17 +13,14 @@ from typing import Any
 from ...atomic import atomic_path
 from ...errors import TorchgraftError
 from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Guess, Verdict
-from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
+from ..plan.steps import REINITIALISED, Plan, PlanStep, is_bookkeeping
 from ..tensors import TensorInfo
+from .heads import new_parts, python_new
 from .html import describe, render_html
-from .summary import as_text, detail_rows, summary_rows
+from .rules import rules_of
+from .summary import NOTICED, as_text, detail_rows, summary_rows
 
 __all__ = ["GraftError", "GraftReport"]
-
-#: How to declare parts of the model new, and how to name what the checkpoint calls otherwise.
-_COMPLETE = ("declare parts new on purpose with new= (CLI: --new PATTERN), or name their "
-             "sources with rules= (CLI: --rules FILE)")
-
 
 @dataclass(repr=False)
 class GraftReport:
@@ -83,6 +80,9 @@ class GraftReport:
         sources: Every source key, in stored order (for :meth:`to_html`).
         plan: The plan the graft ran (``tg.save(model, path, layout_of=report)`` runs it
             backwards).
+        source_name: The checkpoint as given: its path, or ``"a state dict"``, ``"a ResNet
+            module"`` (for the page's title and the advice).
+        model_name: The model's class name.
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -113,6 +113,8 @@ class GraftReport:
     targets: list[str] = field(default_factory=list, repr=False)
     sources: list[str] = field(default_factory=list, repr=False)
     plan: Plan | None = field(default=None, repr=False, compare=False)
+    source_name: str = field(default="", repr=False, compare=False)
+    model_name: str = field(default="", repr=False, compare=False)
 
     @classmethod
     def from_plan(cls, plan: Plan, *, targets: Iterable[str] = (),
@@ -130,8 +132,8 @@ class GraftReport:
             report.mapping[step.target] = step.source
             report.matched_by[step.target] = step.matched_by
             report.evidence[step.target] = step.evidence
-            if step.target in plan.guesses:
-                report.guesses[step.target] = plan.guesses[step.target]
+            if step.target in plan.guesses and not is_bookkeeping(step.target):
+                report.guesses[step.target] = plan.guesses[step.target]  # a counter follows
             done = step.describe()
             if done:
                 report.adapted[step.target] = done
@@ -177,6 +179,31 @@ class GraftReport:
         known = set(self.missing)
         self.missing += [key for key in reasons if key not in known]
         self.reasons.update(reasons)
+
+    def take_paired(self, steps: Mapping[str, PlanStep], used: Iterable[str], why: str) -> None:
+        """Record missing keys filled after the plan ran (a search paired them): guesses.
+
+        Args:
+            steps: Target key to the step that filled it.
+            used: The source keys they read (no longer unused).
+            why: How they were paired.
+        """
+        for key, step in steps.items():
+            if key not in self.mapping:
+                self.loaded.append(key)
+            self.mapping[key] = step.source
+            self.matched_by[key] = step.matched_by
+            self.evidence[key] = Evidence.GUESS
+            self.guesses[key] = Guess((), why)
+            self.reasons.pop(key, None)
+            done = step.describe()
+            if done:
+                self.adapted[key] = done
+        self.missing = [k for k in self.missing if k not in steps]
+        gone = set(used)
+        self.unused = [k for k in self.unused if k not in gone]
+        for key in gone:
+            self.reasons.pop(key, None)
 
     def mark_verified(self) -> None:
         """Outputs were compared equal: every loaded key is ``verified``, no guess is left.
@@ -234,7 +261,11 @@ class GraftReport:
                 and not [k for k in self.unused if not is_bookkeeping(k)])
 
     def counts(self) -> dict[str, int]:
-        """Numbers of keys loaded, renamed (matched other than by exact name), adapted..."""
+        """Numbers of keys loaded, renamed (matched other than by exact name), adapted...
+
+        Each key is counted once where the summary lists it: a key the model's code computed
+        that is still missing (or declared new) counts as missing (or new), not initialised.
+        """
         return {
             "loaded": len(self.loaded),
             "renamed": sum(1 for k in self.loaded if self.matched_by[k] != "exact"),
@@ -246,7 +277,8 @@ class GraftReport:
             "missing": len(self.missing),
             "unused": len(self.unused),
             "not in adapter": len(self.not_in_adapter),
-            "initialised": len(self.initialised),
+            "initialised": sum(1 for k in self.initialised if k not in self.missing
+                               and k not in self.new),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,22 +300,56 @@ class GraftReport:
                 "verified_with": self.verified_with, "settled": self.settled,
                 "initialised": self.initialised, "tried": self.tried}
 
-    def to_html(self, path: str | os.PathLike[str]) -> Path:
+    def to_html(self, path: str | os.PathLike[str], *, command: str | None = None) -> Path:
         """Write the report as one self-contained HTML page (no network needed to view it).
 
-        Both module trees side by side, each target tensor linked to the source tensor that
-        filled it and coloured by how, the reason on hover, filters by kind.
+        Its title names the checkpoint and the model; both module trees side by side, each
+        target tensor linked to the source tensor that filled it and coloured by how, what
+        needs a look first (one line per module), filters by kind, and the command that
+        settles the graft, ready to copy.
 
         Args:
             path: Where to write the page.
+            command: The command to copy (the command line gives its own); by default
+                :meth:`settle_call`.
 
         Returns:
             The path written.
         """
         destination = Path(path)
         with atomic_path(destination, overwrite=True) as temporary:
-            temporary.write_text(render_html(self), encoding="utf-8")
+            temporary.write_text(render_html(self, command=command), encoding="utf-8")
         return destination
+
+    def to_rules(self, path: str | os.PathLike[str] | None = None) -> list[Any]:
+        """What this graft did, as rules that do it again with no search (``rules=``).
+
+        Operation rules make each tensor the model needs under its own key (fused rows taken
+        apart in the layout found, rotary rows, transposes), renaming rules name the rest: fed
+        back (``tg.graft(source, model, rules=...)``, CLI ``--rules FILE``), every key is
+        filled by name, as the user said, and the graft is ok by rule. A way to keep and share
+        a conversion between two code bases.
+
+        Args:
+            path: Where to write them as a rules file (JSON: ``{"rules": [...]}``), if given.
+
+        Returns:
+            The rules, in the order they apply.
+
+        Raises:
+            TorchgraftError: If the report holds no plan (one made by hand).
+        """
+        if self.plan is None:
+            raise TorchgraftError("this report holds no plan: only a graft's report (tg.graft) "
+                                  "can be written as rules")
+        rules = rules_of(self.plan)
+        if path is not None:
+            data = {"about": f"torchgraft rules: {self.headline()}; fed back with rules= "
+                             "(CLI: --rules FILE), every key is filled by its name",
+                    "rules": rules}
+            with atomic_path(Path(path), overwrite=True) as temporary:
+                temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        return rules
 
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""
@@ -330,8 +396,11 @@ class GraftReport:
                  for a in self.assumptions if a.what != SIBLINGS]
         ways = [a.settle for a in self.assumptions if a.what != SIBLINGS]
         if self.guesses:
-            parts.append(f"{len(self.guesses)} keys were guessed among interchangeable "
-                         "candidates")
+            alternatives = len({a for g in self.guesses.values() for a in g.alternatives})
+            parts.append(f"{len(self.guesses)} tensors may hold wrong values: each was guessed "
+                         "among interchangeable candidates"
+                         + (f" ({alternatives} alternatives, each guess lists its own)"
+                            if alternatives else ""))
             ways += [g.settle for g in self.guesses.values()]
         if self.surplus:
             parts.append(f"{len(self.surplus)} checkpoint keys are blocks the model lacks")
@@ -342,24 +411,46 @@ class GraftReport:
         each = dict.fromkeys(way for ways_of in ways for way in ways_of.split("; or "))
         return f"{'; '.join(parts)}; to settle: {'; or '.join(each)}"
 
-    def notice(self) -> str:
-        """The warning a graft that is not ok logs: verdict, counts and what to do (or empty).
+    def proposed_new(self) -> list[str]:
+        """Modules that look new on purpose, to declare with ``new=`` (CLI ``--new``).
 
-        Two lines: the headline, then the first missing key or the divergence, and how to
-        settle; :meth:`__str__` and :meth:`details` say more.
+        Whole modules the checkpoint does not fill (missing or re-initialised) that are named
+        like a head or end the model (:mod:`~torchgraft.graft.report.heads`), such as
+        ``["classifier"]``; empty when none looks so.
+        """
+        troubled = {k for k in self.missing if not is_bookkeeping(k)} | set(self.reinitialised)
+        targets = self.targets or [*dict.fromkeys([*self.loaded, *self.missing,
+                                                   *self.reinitialised, *self.tied,
+                                                   *self.new])]
+        return new_parts(targets, troubled)
+
+    def settle_call(self) -> str:
+        """The call that settles this graft, to copy (or empty): the user's, with what it lacks.
+
+        ``tg.graft('bert-base', model, new='classifier')`` where a head looks new; with
+        ``source_model=`` where outputs were not compared. The model stands as ``model``.
+        """
+        source = repr(self.source_name) if self.source_name and not \
+            self.source_name.startswith("a ") else "checkpoint"
+        proposed = self.proposed_new()
+        if proposed and (self.verdict == Verdict.INCOMPLETE or self.reinitialised):
+            return f"tg.graft({source}, model, {python_new(proposed)})"
+        if self.verdict == Verdict.UNVERIFIED:
+            return f"tg.graft({source}, model, source_model=<the source's model>)"
+        return ""
+
+    def notice(self) -> str:
+        """The warning a graft that is not ok emits: verdict, what needs a look, the fix.
+
+        The headline, then the summary's rows of what needs a look (missing, guessed,
+        diverged, assumed, what to declare new, how to settle), then where to read more;
+        :meth:`__str__` and :meth:`details` say more. Empty for a graft that is ok.
         """
         if self.ok:
             return ""
-        missing = [k for k in self.missing if not is_bookkeeping(k)]
-        if self.divergence is None and missing:
-            what = (f"'{missing[0]}'{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
-                    f" missing ({self.reasons[missing[0]]}); {_COMPLETE}")
-        elif self.divergence is not None:
-            what = f"{self.divergence}; {self.settle()}"
-        else:
-            what = self.settle()
-        return (f"{self.headline()}\n  {what} (print(report) shows a summary, report.details() "
-                "every key)")
+        rows = [row for row in summary_rows(self) if row[0] in NOTICED]
+        return (f"{as_text(self.headline(), rows)}\n  (print(report) shows the summary, "
+                "report.details() every key)")
 
     def headline(self) -> str:
         """The one-line verdict: ``graft ok: 11 loaded, 11 renamed, 1 missing`` (no zeros).

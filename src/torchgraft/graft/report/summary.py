@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 
 from ...text import few, quoted
 from ...units import plural
+from .heads import cli_new, python_new
 
 if TYPE_CHECKING:
     from .report import GraftReport
 
-__all__ = ["COUNTED", "DETAILS_HINT", "SHOWN", "Row", "as_text", "detail_rows", "summary_rows"]
+__all__ = ["COUNTED", "DETAILS_HINT", "KEPT", "NOTICED", "SHOWN", "Row", "as_text",
+           "detail_rows", "summary_rows"]
 
 #: ``(status, subject, detail)``: a key (or a module, or a count) and what happened to it; notes
 #: have no subject.
@@ -32,6 +34,11 @@ Row = tuple[str, str, str]
 COUNTED = ("wrapper", "prefix", "rule", "layout", "structure", "base", "init")
 #: At most this many rows of each status in a summary; one more row counts the rest.
 SHOWN = 5
+#: How a hypothesis that was kept ends in ``report.tried``.
+KEPT = "made it agree: kept"
+#: Statuses of the rows a graft that is not ok repeats in its warning: what needs a look and
+#: what settles it.
+NOTICED = ("diverged", "missing", "guess", "surplus", "assumed", "declare", "settle")
 #: Where the summary says every key is listed (the command line says ``--details``).
 DETAILS_HINT = "report.details() lists every key"
 
@@ -137,12 +144,34 @@ def _notes(report: GraftReport, *, short: bool) -> list[Row]:
     """Assumptions, what settling kept and tried, warnings, then how to settle."""
     rows: list[Row] = [("assumed", "", a.describe()) for a in report.assumptions]
     rows += [("settled", "", s) for s in report.settled]
-    tried: list[Row] = [("tried", "", t) for t in report.tried]
-    rows += _capped("tried", tried, "hypothesis", "hypotheses")[0] if short else tried
+    if short and report.tried:
+        kept = sum(1 for t in report.tried if t.endswith(KEPT))
+        rows.append(("tried", "", f"{plural(len(report.tried), 'hypothesis', 'hypotheses')} "
+                                  f"where outputs diverged, {kept} kept (each in "
+                                  "report.tried)"))
+    elif not short:
+        rows += [("tried", "", t) for t in report.tried]
     rows += [("warning", "", w) for w in report.warnings]
+    rows += _declare(report)
     if report.settle():
         rows.append(("settle", "", report.settle()))
     return rows
+
+
+def _declare(report: GraftReport) -> list[Row]:
+    """What to declare new (``new=``), where a head looks new; else how to complete a graft."""
+    proposed = report.proposed_new()
+    if proposed:
+        names = few(proposed, show=quoted)
+        one = len(proposed) == 1
+        return [("declare", "", f"if {names} {'is' if one else 'are'} new on purpose (a new "
+                 f"head), declare {'it' if one else 'them'} so: {python_new(proposed)} "
+                 f"(CLI: {cli_new(proposed)}) keeps the model's own values, listed as new, "
+                 "not missing")]
+    if report.verdict == "incomplete" and report.divergence is None:
+        return [("settle", "", "name the missing keys' sources with rules= (CLI: --rules "
+                 "FILE), or declare parts new on purpose with new= (CLI: --new PATTERN)")]
+    return []
 
 
 def as_text(headline: str, rows: Iterable[Row]) -> str:

@@ -106,13 +106,15 @@ def floating_outputs(output: Any) -> tuple[torch.Tensor, ...]:
 class _Recorder:
     """Forward hooks recording each module's first floating output, by path, as each finishes.
 
-    The modules in ``capture`` keep the arguments of their first call, copied before it ran
-    (a cache it updates is kept as it was). A module that raises is named: the innermost
-    module entered and not left.
+    Each module's first floating input is kept too (a copy: an in-place activation changes
+    it), and the modules in ``capture`` keep the arguments of their first call, copied before
+    it ran (a cache it updates is kept as it was). A module that raises is named: the
+    innermost module entered and not left.
     """
 
     def __init__(self, model: nn.Module, capture: Collection[str] = ()) -> None:
         self.seen: dict[str, torch.Tensor] = {}
+        self.entered: dict[str, torch.Tensor] = {}
         self.called: dict[str, Call] = {}
         self.open: list[str] = []
         self._capture = set(capture)
@@ -124,6 +126,10 @@ class _Recorder:
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         path = self._paths.get(id(module), "?")
         self.open.append(path)
+        if path not in self.entered:
+            given = floating_outputs((args, kwargs))
+            if given:
+                self.entered[path] = given[0].clone()
         if path in self._capture and path not in self.called:
             try:
                 self.called[path] = copy.deepcopy((args, kwargs))
@@ -152,11 +158,13 @@ class Run:
         outputs: The floating tensors returned (:func:`floating_outputs`).
         seen: Each module's first floating output, by path, in the order modules finished.
         called: The arguments each module asked for was first called with, as they were then.
+        entered: Each module's first floating input, by path, in the order modules started.
     """
 
     outputs: tuple[torch.Tensor, ...]
     seen: dict[str, torch.Tensor]
     called: Mapping[str, Call] = field(default_factory=dict)
+    entered: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = ()) -> Run:
@@ -191,7 +199,7 @@ def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = ()
     finally:
         model.train(training)
         recorder.remove()
-    return Run(floating_outputs(output), recorder.seen, recorder.called)
+    return Run(floating_outputs(output), recorder.seen, recorder.called, recorder.entered)
 
 
 def run_alone(model: nn.Module, path: str, call: Call, watched: str) -> torch.Tensor | None:

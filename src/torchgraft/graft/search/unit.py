@@ -23,6 +23,7 @@ from torch import nn
 from ...errors import TorchgraftError
 from ..layouts.conventions import numbered
 from ..plan.steps import PlanStep
+from ..report.summary import KEPT
 from .activations import Call, correspond, differ, run_alone
 from .view import PlanView
 from .vocabulary import Choice, Dimension, choices
@@ -161,7 +162,7 @@ def search_unit(model: nn.Module, view: PlanView, state: Mapping[str, torch.Tens
             seen.add(choice.describe())
             found.trials += 1
             outcome = _trial(model, view, state, scope, unit, choice, rtol)
-            found.tried.append(f"{choice.describe()}: {outcome or 'made it agree: kept'}")
+            found.tried.append(f"{choice.describe()}: {outcome or KEPT}")
             if not outcome:
                 found.choice, found.scope = choice, scope[0]
                 return found

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
+from ...errors import TorchgraftError
 from ...meta import TensorMeta, TensorRef
 from ..evidence import Guess
 from ..layouts import ops
@@ -35,7 +36,7 @@ from ..sides.heads import model_heads
 from .edits import Edit, Exchange, Relayout, Rotate, Transpose
 from .view import PlanView
 
-__all__ = ["Choice", "Dimension", "Heads", "choices", "dimensions", "heads_of"]
+__all__ = ["Choice", "Dimension", "Heads", "choices", "dimensions", "heads_of", "lookalikes"]
 
 
 @dataclass(frozen=True)
@@ -232,28 +233,37 @@ def _effect(edit: Relayout | None, site: _Site, view: PlanView) -> tuple[float, 
     return tuple(float(v) for key in leg for v in fake.refs[steps[key].source].read().tolist())
 
 
+#: At most this many layouts of one fused tensor are tried (the most likely first).
+_MOST_LAYOUTS = 256
+
+
 def _relayouts(site: _Site, view: PlanView, heads: Heads) -> Dimension:
-    """A site's layouts other than the plan's, each reading the rows another way."""
+    """A site's layouts other than the plan's, each reading the rows another way.
+
+    The parts' orders first (the plan's order first), then groupings, then rotary orders; at
+    most :data:`_MOST_LAYOUTS` of them.
+    """
     n = len(site.sizes)
     fused_source = site.kind != "join"
+    orders = [order for order in itertools.permutations(range(n))
+              if fused_source or all(site.sizes[order[k]] == site.sizes[k] for k in range(n))]
+    grouped = _groups(site.sizes, heads)
     seen = {_effect(None, site, view)}
     found: Dimension = []
-    orders = itertools.permutations(range(n)) if fused_source else (
-        order for order in itertools.permutations(range(n))
-        if all(site.sizes[order[k]] == site.sizes[k] for k in range(n)))
-    for order in orders:
-        for groups in _groups(site.sizes, heads) if fused_source else [1]:
-            for target_groups in _groups(site.sizes, heads) if site.kind != "split" else [1]:
-                for rotary in _rotaries(heads, site.roles):
-                    edit = Relayout(site.kind, tuple(site.legs), site.sizes, site.roles, order,
-                                    groups, target_groups, rotary)
-                    try:
-                        effect = _effect(edit, site, view)
-                    except Exception:  # sizes the rows do not take
-                        continue
-                    if effect not in seen:
-                        seen.add(effect)
-                        found.append(Choice((edit,)))
+    for order, groups, target_groups, rotary in itertools.product(
+            orders, grouped if fused_source else [1],
+            grouped if site.kind != "split" else [1], _rotaries(heads, site.roles)):
+        edit = Relayout(site.kind, tuple(site.legs), site.sizes, site.roles, order, groups,
+                        target_groups, rotary)
+        try:
+            effect = _effect(edit, site, view)
+        except (TorchgraftError, RuntimeError):  # sizes the rows do not take
+            continue
+        if effect not in seen:
+            seen.add(effect)
+            found.append(Choice((edit,)))
+            if len(found) >= _MOST_LAYOUTS:
+                break
     return found
 
 
@@ -291,7 +301,8 @@ def _exchanges(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
     """Same-shape siblings exchanged: modules, a module's tensors, a guess's alternatives.
 
     A module's tensors are exchanged with tensors of their kind only: parameters with
-    parameters, buffers (running statistics) with buffers.
+    parameters, buffers (running statistics) with buffers. A guessed module's alternatives are
+    one decision point: it is exchanged with one of them.
     """
     by_module: dict[str, list[str]] = {}
     for key in keys:
@@ -307,18 +318,16 @@ def _exchanges(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]],
             if shapes[a] == shapes[b] and (a in buffers) == (b in buffers):
                 found.append([Choice((Exchange(((a, b),)),))])
     for module in modules:
-        others = {_module(filled_from[alt]) for k in by_module[module]
-                  for alt in guesses.get(k, Guess((), "")).alternatives if alt in filled_from}
-        others |= {m for m, members in everywhere.items() if m != module
-                   and _signature(members, shapes) == _signature(by_module[module], shapes)}
-        others.discard(module)
-        for other in sorted(others, key=lambda m: -_shared(m, module))[:_LOOKALIKES]:
-            if other not in by_module or _module(other) != _module(module):
-                found.append([_module_exchange(module, other, everywhere)])
+        others = dict.fromkeys(_module(filled_from[alt]) for k in by_module[module]
+                               for alt in guesses.get(k, Guess((), "")).alternatives
+                               if alt in filled_from and _module(filled_from[alt]) != module)
+        found.append([_module_exchange(module, other, everywhere) for other in others
+                      if _signature(everywhere.get(other, []), shapes)
+                      == _signature(by_module[module], shapes)])
     return found
 
 
-#: At most this many same-shape modules elsewhere are exchanged with a unit's module.
+#: At most this many same-shape modules elsewhere are exchanged with a diverging module.
 _LOOKALIKES = 16
 
 
@@ -326,6 +335,23 @@ def _shared(a: str, b: str) -> int:
     """How many leading parts two module paths share."""
     return sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1],
                                               zip(a.split("."), b.split("."), strict=False)))
+
+
+def lookalikes(module: str, shapes: Mapping[str, tuple[int, ...]],
+               everywhere: Mapping[str, list[str]]) -> list[Dimension]:
+    """A module exchanged with one of the same-shape modules elsewhere, nearest first.
+
+    Structure can pair a module with another block's where names say nothing: tried last,
+    after the module's own unit, at most :data:`_LOOKALIKES` of them.
+    """
+    own = everywhere.get(module, [])
+    if not own:
+        return []
+    signature = _signature(own, shapes)
+    others = [m for m, members in everywhere.items()
+              if m != module and _signature(members, shapes) == signature]
+    others.sort(key=lambda m: -_shared(m, module))
+    return [[_module_exchange(module, other, everywhere) for other in others[:_LOOKALIKES]]]
 
 
 def _transposes(keys: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> list[Dimension]:
@@ -346,8 +372,7 @@ def dimensions(keys: Sequence[str], view: PlanView, shapes: Mapping[str, tuple[i
         shapes: Every target key's shape.
         heads: What the models say of their attention.
         guesses: The plan's guesses, whose alternatives are exchanges to try.
-        everywhere: Every loaded module's keys (for same-shape modules elsewhere that
-            structure paired, tried against the unit's).
+        everywhere: Every loaded module's keys (a guess's alternatives' tensors).
         buffers: The model's buffer keys.
     """
     found: list[Dimension] = []
