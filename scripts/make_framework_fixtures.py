@@ -809,9 +809,10 @@ def make_mlx_convs() -> None:
     """MLX models with convolutions only their shapes tell the layout of, by save_weights.
 
     convs_ambiguous: one Conv2d(3, 16, 3) (``[16, 3, 3, 3]`` reads the same both ways), a
-    LayerNorm and two Linear layers; convs_transposed: a Conv1d and a ConvTranspose1d; convs_transposed2d: a
-    Conv2d(3, 6, 3) (either way) and a ConvTranspose2d (channels last only: it shows the
-    file's layout). Parameters random (numpy seed 3); outputs for channels-last inputs beside.
+    LayerNorm and two Linear layers; convs_transposed: a Conv1d and a ConvTranspose1d;
+    convs_transposed2d: a Conv2d(3, 6, 3) (either way) and a ConvTranspose2d (channels last
+    only: it shows the file's layout). Parameters random (numpy seed 3); outputs for
+    channels-last inputs beside.
     """
     import mlx.core as mx
     import mlx.nn as nn
@@ -861,8 +862,8 @@ def make_mlx_convs() -> None:
     _record("mlx/convs", sorted(f"mlx/{name}{end}" for name in cases
                                 for end in (".safetensors", "_io.npz")),
             "MLX models (parameters randomised with numpy seed 3) saved by save_weights: a "
-            "Conv2d(3, 16, 3), a LayerNorm and two Linear; a Conv1d and a ConvTranspose1d; a Conv2d(3, 6, 3) "
-            "and a ConvTranspose2d; x: channels-last inputs, y: MLX's outputs",
+            "Conv2d(3, 16, 3), a LayerNorm and two Linear; a Conv1d and a ConvTranspose1d; a "
+            "Conv2d(3, 6, 3) and a ConvTranspose2d; x: channels-last inputs, y: MLX's outputs",
             ["mlx", "numpy"])
 
 
