@@ -9,6 +9,7 @@ too; a file whose weights all fit either way is a guess, never ok.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,18 +87,27 @@ def test_a_weight_either_way_follows_the_file_its_other_convolutions_show() -> N
 
 
 def test_a_file_whose_weights_read_both_ways_is_a_guess_never_ok() -> None:
-    """MLX's [16, 3, 3, 3] alone: no shape tells channels last from PyTorch's layout, and the
-    data's order is no safetensors library's. Before: ok, with the wrong values. Now a guess
-    whose alternative is the permuted reading; outputs settle it."""
+    """MLX's [16, 3, 3, 3] alone: no shape tells channels last from PyTorch's layout. The
+    data's order is no safetensors library's: read channels last, a guess with the stored
+    reading as its alternative, right values. Before: ok, with the wrong values."""
     model = Ambiguous()
     report = tg.graft(FIXTURES / "convs_ambiguous.safetensors", model, strict=False)
     assert report.verdict == "unverified"
-    assert report.guesses["stem.weight"].alternatives[1] == \
-        "stem.weight (axes permuted to (0, 3, 1, 2))"
-    with torch.no_grad():
-        model.stem.weight.copy_(load_file(FIXTURES / "convs_ambiguous.safetensors")[
-            "stem.weight"].permute(0, 3, 1, 2))
-    assert _equal(model, "convs_ambiguous")  # the alternative is right
+    assert report.guesses["stem.weight"].alternatives == (
+        "stem.weight (as stored)", "stem.weight (axes permuted to (0, 3, 1, 2))")
+    assert _equal(model, "convs_ambiguous")
+
+
+def test_an_npz_whose_weights_read_both_ways_is_a_guess_as_stored(tmp_path: Path) -> None:
+    """Any code writes an npz in any order: read as stored, a guess all the same."""
+    state = load_file(FIXTURES / "convs_ambiguous.safetensors")
+    path = tmp_path / "ambiguous.npz"
+    arrays: dict[str, Any] = {name: value.numpy() for name, value in state.items()}
+    np.savez(path, **arrays)
+    model = Ambiguous()
+    report = tg.graft(path, model, strict=False)
+    assert report.verdict == "unverified" and "stem.weight" in report.guesses
+    assert torch.equal(model.stem.weight, state["stem.weight"])
 
 
 def test_a_file_mixing_layouts_or_of_other_widths_is_never_ok(tmp_path: Path) -> None:

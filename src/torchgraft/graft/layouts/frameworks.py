@@ -12,10 +12,11 @@ every convolution weight permuted, those that fit either way too (one file, one 
 A file whose convolution weights all fit either way (``in == kh == kw``: an RGB stem's
 ``[out, 3, 3, 3]`` alone) cannot say which it is by shapes. The safetensors library (PyTorch's
 writer, and every binding of it) stores its data sorted by dtype and name: a file stored so is
-read as PyTorch's. One stored in another order is another writer's (MLX writes in a hash
-order): its weights are taken as stored, each a guess with the permuted reading as the
-alternative (:data:`MLX_CONV_UNKNOWN`), never ok until outputs settle it. An MLX file whose
-hash order happens to be sorted (a few tensors) is read as PyTorch's.
+read as PyTorch's. One stored in another order is another writer's, MLX's hash order most
+likely: its weights are read channels last, each a guess with the stored reading as the
+alternative (:data:`MLX_CONV_UNKNOWN`); an npz, which any code writes in any order, is read as
+stored, each a guess too (:data:`NPZ_CONV_UNKNOWN`). Never ok until outputs settle it. An MLX
+file whose hash order happens to be sorted (a few tensors) is read as PyTorch's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ..tensors import Side, TensorInfo, looks_sorted
 from .layout import Layout
 
-__all__ = ["FRAMEWORK_LAYOUTS", "MLX_CONV", "MLX_CONV_UNKNOWN"]
+__all__ = ["FRAMEWORK_LAYOUTS", "MLX_CONV", "MLX_CONV_UNKNOWN", "NPZ_CONV_UNKNOWN"]
 
 #: PyTorch's convolution weight from MLX's, by module kind and number of dimensions: a
 #: convolution's ``[out, *k, in]`` to ``[out, in, *k]``, a transposed one's to ``[in, out, *k]``.
@@ -81,14 +82,21 @@ def _mlx_convs(src: Side, dst: Side) -> bool:
     return bool(only_permuted) and not only_stored
 
 
-def _unknown(src: Side, dst: Side) -> bool:
-    """Every source weight that fits a target convolution fits it either way.
-
-    Only in a file the safetensors library did not write (its data not sorted).
-    """
+def _either_way_only(src: Side, dst: Side) -> bool:
+    """Every source weight that fits a target convolution fits it either way."""
     only_permuted, only_stored, both = _readings(src, dst)
-    return bool(both) and not only_permuted and not only_stored and \
+    return bool(both) and not only_permuted and not only_stored
+
+
+def _unsorted_safetensors(src: Side, dst: Side) -> bool:
+    """Weights that read both ways in a safetensors file its library did not write."""
+    return src.format == "safetensors" and _either_way_only(src, dst) and \
         not looks_sorted(list(src.tensors), src.tensors)
+
+
+def _npz(src: Side, dst: Side) -> bool:
+    """Weights that read both ways in an npz, which any code writes in any order."""
+    return src.format == "numpy" and _either_way_only(src, dst)
 
 
 def _mlx_dims(src: TensorInfo, dst: TensorInfo) -> tuple[int, ...] | None:
@@ -100,12 +108,12 @@ def _mlx_dims(src: TensorInfo, dst: TensorInfo) -> tuple[int, ...] | None:
     return dims
 
 
-def _either_way(src: TensorInfo, dst: TensorInfo) -> tuple[str, str] | None:
-    """The other reading of a convolution weight that fits either way, and why it is one."""
+def _either_way(src: TensorInfo, dst: TensorInfo) -> tuple[tuple[str, ...], str] | None:
+    """Both readings of a convolution weight that fits either way, and why neither is known."""
     dims = _mlx_dims(src, dst)
     if dims is None or src.shape != dst.shape or not _moves(src.shape):
         return None
-    return (f"axes permuted to {dims}",
+    return (("as stored", f"axes permuted to {dims}"),
             "a convolution weight that reads the same size as stored and channels last "
             "(MLX's [out, kh, kw, in]), in a file with no other convolution to tell")
 
@@ -119,8 +127,17 @@ MLX_CONV = Layout(
 
 MLX_CONV_UNKNOWN = Layout(
     name="mlx-conv?",
-    applies=_unknown,
+    applies=_unsorted_safetensors,
+    permuted=_mlx_dims,
+    doubt=_either_way,
+    why="read as MLX's channels last, [out, kh, kw, in]: the file's data is in no order the "
+        "safetensors library writes, MLX's writer stores it in a hash order",
+)
+
+NPZ_CONV_UNKNOWN = Layout(
+    name="npz-conv?",
+    applies=_npz,
     doubt=_either_way,
 )
 
-FRAMEWORK_LAYOUTS = (MLX_CONV, MLX_CONV_UNKNOWN)
+FRAMEWORK_LAYOUTS = (MLX_CONV, MLX_CONV_UNKNOWN, NPZ_CONV_UNKNOWN)

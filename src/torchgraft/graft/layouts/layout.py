@@ -28,7 +28,8 @@ class Layout:
             removed (a 1x1 convolution's ``[out, in, 1, 1]`` for a Linear's ``[out, in]``).
         why: Shown in reports for transposed or reshaped tensors.
         doubt: For a pair this layout cannot decide (a shape that reads the same two ways):
-            the other reading, and why the one taken is a guess; ``None`` if it decides.
+            its readings (the one taken among them) and why none is known; ``None`` if it
+            decides.
         rotary: Where the two sides store rotary (RoPE) rows in other orders: the target
             family's order, into which its q and k rows are reordered.
         across: Whether its two sides are two code bases (or frameworks), whose names tell
@@ -44,6 +45,7 @@ class Layout:
     permuted: Callable[[TensorInfo, TensorInfo], tuple[int, ...] | None] = lambda src, dst: None
     reshaped: Callable[[TensorInfo, TensorInfo], bool] = lambda src, dst: False
     why: str = ""
-    doubt: Callable[[TensorInfo, TensorInfo], tuple[str, str] | None] = lambda src, dst: None
+    doubt: Callable[[TensorInfo, TensorInfo], tuple[tuple[str, ...], str] | None] = \
+        lambda src, dst: None
     rotary: RotaryOrder | None = None
     across: bool = True

@@ -252,7 +252,7 @@ def _pair_guess(source: str, infos: tuple[TensorInfo, TensorInfo],
     for layout in options.layouts:
         doubt = layout.doubt(*infos)
         if doubt is not None:
-            return Guess((f"{source} (as stored)", f"{source} ({doubt[0]})"), doubt[1])
+            return Guess(tuple(f"{source} ({reading})" for reading in doubt[0]), doubt[1])
     if rotary is not None and not options.source_heads:
         return Guess((f"{source} read with another head count",),
                      "the checkpoint does not say its head count; its rotary rows were "
