@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 from ...errors import TorchgraftError, UnsupportedModelError
+from ...io.reads import READERS
 from ...meta import TensorRef
 from ..layouts import ops
 from ..plan.adapt import Init, Op, Rows, Step, applied, fresh_values
 from ..plan.steps import Plan, PlanStep
 from ..sides.walk import ModelTensors
-from .execute import READERS
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
