@@ -2,8 +2,11 @@
 
 Target (issues: sharded grafts, 28): each rank's peak memory for the load at most
 1.2 x (file size / ranks) + the largest adapted tensor (none here: the names match, or differ
-by DataParallel's ``module.``), reading about its share of the file, from a safetensors file
-and from a ``.pt`` of a DataParallel state dict. The model is ``--layers`` x
+by DataParallel's ``module.``), reading about its share of the file, from a safetensors file,
+from a ``.pt`` of a DataParallel state dict, and from a ``.pt`` whose tensors were saved
+transposed (``w.t()``: column-major strides; each rank read them whole through the file's
+mapping, 386 MiB per rank for a 256 MiB file on 2 ranks, until issue 34: now 151 / 142 MiB,
+bound 154, on this 2-core machine under load 5, ``--layers 64 --ranks 2``). The model is ``--layers`` x
 ``Linear(1024, 1024)`` (4 MiB each; 256 layers: a 1 GiB file), built on the meta device and
 wrapped with ``fully_shard`` (gloo, CPU). Sides, each a fresh ``torch.distributed.run`` launch
 with the page cache warmed first, alternating:
@@ -52,7 +55,7 @@ import time  # noqa: E402
 from harness import linears, peak_rss, warm  # noqa: E402
 
 METHODS = ("torchgraft", "broadcast", "hf_reader")
-FILES = {"safetensors": "model.safetensors", "pt": "dp.pt"}
+FILES = {"safetensors": "model.safetensors", "pt": "dp.pt", "pt_transposed": "transposed.pt"}
 MiB = 1 << 20
 
 
@@ -207,6 +210,8 @@ def main() -> None:
         model = linears(args.layers)
         save_model(model, str(folder / FILES["safetensors"]))
         torch.save(nn.DataParallel(model).state_dict(), folder / FILES["pt"])
+        torch.save({k: v.t().contiguous().t() for k, v in model.state_dict().items()},
+                   folder / FILES["pt_transposed"])  # saved transposed: column-major strides
         del model
         size = (folder / FILES["safetensors"]).stat().st_size
         print(f"file {size / MiB:.0f} MiB, {args.layers} tensors of 4 MiB; "

@@ -225,11 +225,22 @@ def _fill(step: PlanStep, ref: TensorRef, start: tuple[int, ...], local: torch.T
             part = applied(op, part, part)
         local.copy_(part)
     else:
-        tensor = ref.read()
+        tensor = _read_whole(ref)
         with _seeded(step.target):
             for op in step.ops:
                 tensor = applied(op, tensor, whole)
         local.copy_(_cut(tensor, start, size))
+
+
+def _read_whole(ref: TensorRef) -> torch.Tensor:
+    """The whole source tensor in memory of its own, read rather than mapped.
+
+    Freed once adapted: a rank's memory never keeps the pages of every tensor it adapted (a
+    mapping keeps them resident until the file is closed).
+    """
+    tensor = torch.empty(ref.meta.shape, dtype=ref.meta.dtype)
+    ref.read_into(tensor)
+    return tensor
 
 
 def _read_plain(step: PlanStep, ref: TensorRef, tensor: DTensor) -> None:
