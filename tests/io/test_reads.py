@@ -137,8 +137,8 @@ def test_every_format_arrives_whole_straight_or_through_the_ring(
         read_all(reads, threads=2, piece_bytes=2048)
     for name, value in values.items():
         assert torch.equal(outs[name], value.to(outs[name].dtype)), name
-    if dtype is not None:  # staged: the ring was the only host memory beside the targets
-        assert [r() is None for r in leaks.rings] == [True]
+    if dtype is not None:  # staged: each reader's ring, the only host memory besides
+        assert 1 <= len(leaks.rings) <= 2  # a reader that stages nothing allocates none
     leaks.rings = leaks.rings or [weakref.ref(torch.empty(0))]
     leaks.check()
 
@@ -148,16 +148,16 @@ def test_the_ring_is_bounded_by_its_buffers_not_the_file(tmp_path: Path,
     sizes: list[int] = []
     ring = reads_module._ring
 
-    def recorded(readers: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
-        sizes.append(readers * reads_module.BUFFERS_PER_READER * buffer_bytes)
-        return ring(readers, buffer_bytes, pinned)
+    def recorded(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
+        sizes.append(count * buffer_bytes)
+        return ring(count, buffer_bytes, pinned)
 
     monkeypatch.setattr(reads_module, "_ring", recorded)
     values = _values(count=6, size=60000)  # 1.4 MB of float32
     ckpt, outs, reads = file_reads(_write(values, tmp_path, "safetensors"), torch.float64)
     with ckpt:
         read_all(reads, threads=2, piece_bytes=8192)
-    assert sizes == [2 * reads_module.BUFFERS_PER_READER * 8192]
+    assert set(sizes) == {reads_module.BUFFERS_PER_READER * 8192} and len(sizes) <= 2
     assert all(torch.equal(outs[k], v.double()) for k, v in values.items())
 
 

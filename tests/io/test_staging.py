@@ -21,13 +21,13 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 def _rings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
-    """Record each staging ring made: (readers, buffer bytes, pinned)."""
+    """Record each reader's staging ring made: (buffers, buffer bytes, pinned)."""
     made: list[tuple[int, int, bool]] = []
     ring = reads_module._ring
 
-    def recorded(readers: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
-        made.append((readers, buffer_bytes, pinned))
-        return ring(readers, buffer_bytes, pinned)
+    def recorded(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
+        made.append((count, buffer_bytes, pinned))
+        return ring(count, buffer_bytes, pinned)
 
     monkeypatch.setattr(reads_module, "_ring", recorded)
     return made
@@ -73,7 +73,7 @@ def test_a_cast_on_the_cpu_goes_through_the_ring(tmp_path: Path,
     target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).double()
     assert tg.graft(_written(source, tmp_path, kind), target, strict=True).ok
     _same(target, source, "cpu")
-    assert [pinned for _, _, pinned in made] == [False]
+    assert made and not any(pinned for _, _, pinned in made)
 
 
 def test_the_stored_dtype_on_the_cpu_needs_no_ring(tmp_path: Path,

@@ -60,8 +60,9 @@ __all__ = ["BUFFERS_PER_READER", "IOV_MAX", "PIECE_BYTES", "READERS", "Piece", "
 #: Buffers one ``preadv`` call takes at most (the POSIX minimum, and Linux's limit).
 IOV_MAX = 1024
 #: Bytes of one piece at most, and of one staging buffer: large enough that a system call and
-#: a copy's launch are amortised, small enough that a 100 MiB tensor keeps a dozen readers busy.
-PIECE_BYTES = 8 * 1024 * 1024
+#: a copy's launch are amortised (a thousand pieces for 4 GiB), small enough that a 100 MiB
+#: tensor keeps every reader busy and 16 readers' buffers pin in a few tens of milliseconds.
+PIECE_BYTES = 4 * 1024 * 1024
 #: Staging buffers per reader: one being filled while the copy out of the other runs.
 BUFFERS_PER_READER = 2
 #: Readers at once: every core copying from the page cache, up to 16 (runai-model-streamer's
@@ -201,20 +202,29 @@ def pieces(reads: Sequence[Read], piece_bytes: int | None = None) -> list[Piece]
 class _Reader:
     """One reader's staging buffers and CUDA streams; a buffer is reused once its copies end.
 
+    The buffers are allocated on the reader's first staged piece, in its own thread: pinning
+    host memory takes time (about a millisecond per few MiB), which then overlaps the other
+    readers' reads, and a load that stages nothing allocates nothing.
+
     Args:
-        buffers: Its staging buffers (views of the ring).
-        pinned: Whether they are pinned: copies to a CUDA device are then asynchronous.
+        buffer_bytes: Size of each of its :data:`BUFFERS_PER_READER` buffers.
+        pinned: Pin them: copies to a CUDA device are then asynchronous.
     """
 
-    def __init__(self, buffers: list[torch.Tensor], pinned: bool) -> None:
-        self.buffers = buffers
+    def __init__(self, buffer_bytes: int, pinned: bool) -> None:
+        self.buffer_bytes = buffer_bytes
         self.pinned = pinned
-        self.pending: list[list[Any]] = [[] for _ in buffers]  # CUDA events per buffer
+        self.buffers: list[torch.Tensor] = []
+        self.pending: list[list[Any]] = [[] for _ in range(BUFFERS_PER_READER)]  # CUDA events
         self.streams: dict[torch.device, Any] = {}
         self.next = 0
 
     def take(self) -> tuple[int, torch.Tensor]:
         """The next buffer of the ring, once the copies out of it have finished."""
+        if not self.buffers:
+            ring = _ring(BUFFERS_PER_READER, self.buffer_bytes, self.pinned)
+            self.buffers = [ring[b * self.buffer_bytes:(b + 1) * self.buffer_bytes]
+                            for b in range(BUFFERS_PER_READER)]
         index = self.next
         self.next = (index + 1) % len(self.buffers)
         for event in self.pending[index]:
@@ -256,7 +266,8 @@ class _Reader:
         for events in self.pending:
             for event in events:
                 event.synchronize()
-        self.pending = [[] for _ in self.buffers]
+        self.pending = [[] for _ in range(BUFFERS_PER_READER)]
+        self.buffers = []
         for device, stream in self.streams.items():
             torch.cuda.current_stream(device).wait_stream(stream)
 
@@ -318,10 +329,9 @@ def _file(path: str) -> str:
     return path
 
 
-def _ring(readers: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
-    """Every reader's staging buffers, as one allocation (one pinning call)."""
-    return torch.empty(readers * BUFFERS_PER_READER * buffer_bytes, dtype=torch.uint8,
-                       pin_memory=pinned)
+def _ring(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
+    """One reader's staging buffers, as one allocation (one pinning call)."""
+    return torch.empty(count * buffer_bytes, dtype=torch.uint8, pin_memory=pinned)
 
 
 def _release(pinned: bool) -> None:
@@ -379,11 +389,7 @@ def read_all(reads: Sequence[Read], *, threads: int = READERS,
     buffer_bytes = _aligned(max(p.staged for p in work))
     pinned = torch.cuda.is_available() and any(
         r.out.device.type == "cuda" for r in reads if r.path is not None and not r.direct)
-    ring = _ring(readers, buffer_bytes, pinned) if buffer_bytes else None
-    count = BUFFERS_PER_READER if ring is not None else 0
-    states = [_Reader([ring[(k * count + b) * buffer_bytes:(k * count + b + 1) * buffer_bytes]
-                       for b in range(count)] if ring is not None else [], pinned)
-              for k in range(readers)]
+    states = [_Reader(buffer_bytes, pinned) for _ in range(readers)]
     left = [0] * len(reads)  # per read: the pieces holding its bytes not read yet
     for piece in work:
         for index in piece.holds:
@@ -400,7 +406,7 @@ def read_all(reads: Sequence[Read], *, threads: int = READERS,
         traceback.clear_frames(exc.__traceback__)  # no frame keeps a staging buffer alive
         raise
     finally:
-        del states, ring
+        del states
         _release(pinned)
 
 
