@@ -70,6 +70,8 @@ BUFFERS_PER_READER = 2
 READERS = max(1, min(16, os.cpu_count() or 1))
 #: Where a staged part starts in its buffer: aligned for any dtype (and for DMA engines).
 _ALIGN = 64
+#: The buffer of a piece that stages nothing.
+_NO_BUFFER = torch.empty(0, dtype=torch.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,16 +234,21 @@ class _Reader:
         self.pending[index] = []
         return index, self.buffers[index]
 
-    def stream(self, device: torch.device) -> Any:
-        """This reader's stream on ``device``, made after the work already queued there."""
-        stream = self.streams.get(device)
-        if stream is None:
-            stream = self.streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-            stream.wait_stream(torch.cuda.current_stream(device))  # targets made before us
-        return stream
+    def open_streams(self, devices: set[torch.device]) -> None:
+        """A stream of its own on each CUDA device, after the work queued there so far.
 
-    def copy(self, index: int, part: _Part, chunk: torch.Tensor) -> None:
-        """Copy a staged part into its target (the dtype cast on the way)."""
+        The calling thread's queued work: the targets' allocation and initialisation.
+        """
+        for device in devices:
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream(device))
+            self.streams[device] = stream
+
+    def copy(self, part: _Part, chunk: torch.Tensor) -> None:
+        """Copy a staged part into its target, the dtype cast on the way.
+
+        To a CUDA device, on this reader's stream there, without waiting.
+        """
         read = part.read
         meta = read.ref.meta
         source = chunk.view(meta.dtype)
@@ -251,18 +258,25 @@ class _Reader:
         else:
             first = part.start // meta.dtype.itemsize
             target = read.out.view(-1)[first:first + source.numel()]
-        if target.device.type != "cuda" or not self.pinned:
+        stream = self.streams.get(target.device) if self.pinned else None
+        if stream is None:
             target.copy_(source)
             return
-        stream = self.stream(target.device)
         with torch.cuda.stream(stream):
             target.copy_(source, non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(stream)
-        self.pending[index].append(event)
+
+    def sent(self, index: int) -> None:
+        """Mark buffer ``index`` busy until the copies issued out of it so far have run."""
+        for stream in self.streams.values():
+            event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+            event.record(stream)  # the waiting reader sleeps rather than spins
+            self.pending[index].append(event)
 
     def finish(self) -> None:
-        """Wait for every copy in flight; later work on each device waits for these streams."""
+        """Wait for every copy in flight; later work on each device waits for these streams.
+
+        Later work: the calling thread's, on its current stream.
+        """
         for events in self.pending:
             for event in events:
                 event.synchronize()
@@ -283,7 +297,7 @@ def _read_piece(piece: Piece, fds: dict[str, int], reader: _Reader) -> None:
         read = piece.parts[0].read
         read.ref.read_into(read.out)
         return
-    index, buffer = reader.take() if piece.staged else (0, torch.empty(0, dtype=torch.uint8))
+    index, buffer = reader.take() if piece.staged else (0, _NO_BUFFER)
     views: list[memoryview] = []
     staged: list[tuple[_Part, torch.Tensor]] = []
     place = 0
@@ -298,7 +312,9 @@ def _read_piece(piece: Piece, fds: dict[str, int], reader: _Reader) -> None:
             place += part.nbytes
     _preadv(fds[piece.path], views, piece.offset, piece)
     for part, chunk in staged:
-        reader.copy(index, part, chunk)
+        reader.copy(part, chunk)
+    if staged:
+        reader.sent(index)
 
 
 def _preadv(fd: int, views: list[memoryview], offset: int, piece: Piece) -> None:
@@ -335,7 +351,11 @@ def _ring(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
 
 
 def _release(pinned: bool) -> None:
-    """Give freed pinned buffers back to the system (torch's host allocator keeps them)."""
+    """Give freed pinned buffers back to the system after a failure.
+
+    After a load that succeeded torch's host allocator keeps them for its next pinned
+    allocation (as it does for a DataLoader's), at most the ring's size.
+    """
     empty = getattr(torch._C, "_host_emptyCache", None)
     if pinned and empty is not None:
         empty()
@@ -390,6 +410,10 @@ def read_all(reads: Sequence[Read], *, threads: int = READERS,
     pinned = torch.cuda.is_available() and any(
         r.out.device.type == "cuda" for r in reads if r.path is not None and not r.direct)
     states = [_Reader(buffer_bytes, pinned) for _ in range(readers)]
+    if pinned:
+        devices = {r.out.device for r in reads if r.out.device.type == "cuda"}
+        for state in states:
+            state.open_streams(devices)
     left = [0] * len(reads)  # per read: the pieces holding its bytes not read yet
     for piece in work:
         for index in piece.holds:
@@ -404,10 +428,9 @@ def read_all(reads: Sequence[Read], *, threads: int = READERS,
     except BaseException as exc:
         _not_loaded(exc, [r.name for r, n in zip(reads, left, strict=True) if n], len(reads))
         traceback.clear_frames(exc.__traceback__)  # no frame keeps a staging buffer alive
-        raise
-    finally:
         del states
         _release(pinned)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
