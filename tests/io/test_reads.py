@@ -261,3 +261,23 @@ def test_a_graft_that_fails_midway_names_what_it_did_not_load(
     assert message.startswith(f"{tmp_path / 'm.safetensors'}: while reading '")
     assert "cannot be read: Input/output error" in message
     assert re.search(r"; ([1-9]|1[0-5]) of 16 tensors were not loaded \('", message), message
+
+
+def test_the_leak_check_sees_a_buffer_still_held(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broken twin of the checks above: a staging buffer kept alive is caught."""
+    leaks = Leaks(monkeypatch)
+    held: list[torch.Tensor] = []
+    ring = reads_module._ring
+
+    def kept(*args: Any) -> torch.Tensor:
+        held.append(ring(*args))
+        return held[-1]
+
+    monkeypatch.setattr(reads_module, "_ring", kept)
+    failing_after(12, monkeypatch)
+    for _values_, _outs, reads in _midway(tmp_path, torch.float64):
+        with pytest.raises(TorchgraftError):
+            read_all(reads, threads=3, piece_bytes=4096)
+    with pytest.raises(AssertionError):
+        leaks.check()
