@@ -276,8 +276,79 @@ def test_the_leak_check_sees_a_buffer_still_held(tmp_path: Path,
 
     monkeypatch.setattr(reads_module, "_ring", kept)
     failing_after(12, monkeypatch)
-    for _values_, _outs, reads in _midway(tmp_path, torch.float64):
+    for _values, _outs, reads in _midway(tmp_path, torch.float64):
         with pytest.raises(TorchgraftError):
             read_all(reads, threads=3, piece_bytes=4096)
     with pytest.raises(AssertionError):
         leaks.check()
+
+
+class FakeCuda:
+    """Stands for CUDA's streams and events on the CPU: records what the readers ask of them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import contextlib
+
+        self.events: list[FakeCuda.Event] = []
+        self.waits: list[tuple[str, str]] = []
+        self.streams = 0
+        self.current = FakeCuda.Stream(self, "current")
+        cuda = reads_module.torch.cuda
+        ring = reads_module._ring
+        monkeypatch.setattr(reads_module, "_ring",  # no pinned memory without CUDA
+                            lambda count, size, pinned: ring(count, size, False))
+        monkeypatch.setattr(reads_module, "_cuda_targets",
+                            lambda reads: {torch.device("cpu")})
+        monkeypatch.setattr(cuda, "Stream", lambda device: FakeCuda.Stream(self, "reader"))
+        monkeypatch.setattr(cuda, "current_stream", lambda device: self.current)
+        monkeypatch.setattr(cuda, "stream", lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "Event", lambda blocking: FakeCuda.Event(self, blocking))
+
+    class Stream:
+        def __init__(self, cuda: FakeCuda, name: str) -> None:
+            self.cuda, self.name = cuda, name
+            cuda.streams += name == "reader"
+
+        def wait_stream(self, other: FakeCuda.Stream) -> None:
+            self.cuda.waits.append((self.name, other.name))
+
+    class Event:
+        def __init__(self, cuda: FakeCuda, blocking: bool) -> None:
+            assert blocking  # a reader waiting for a copy sleeps
+            self.recorded = self.synced = False
+            cuda.events.append(self)
+
+        def record(self, stream: FakeCuda.Stream) -> None:
+            assert stream.name == "reader"
+            self.recorded = True
+
+        def synchronize(self) -> None:
+            assert self.recorded
+            self.synced = True
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_towards_cuda_each_piece_is_copied_on_its_readers_stream_and_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool) -> None:
+    """The CUDA path's bookkeeping, run on the CPU with stand-ins for streams and events:
+    each reader's stream starts after the caller's queued work, one event per staged piece,
+    every event waited for before its buffer is reused or the load returns, the caller's
+    stream waits for every reader's; after a failure the pinned buffers are given back."""
+    cuda = FakeCuda(monkeypatch)
+    released: list[bool] = []
+    monkeypatch.setattr(reads_module, "_release", released.append)
+    if fail:
+        failing_after(12, monkeypatch)
+    for values, outs, reads in _midway(tmp_path, torch.float64):
+        work = pieces(reads, piece_bytes=4096)
+        if fail:
+            with pytest.raises(TorchgraftError):
+                read_all(reads, threads=3, piece_bytes=4096)
+        else:
+            read_all(reads, threads=3, piece_bytes=4096)
+            assert all(torch.equal(outs[k], v.double()) for k, v in values.items())
+            assert len(cuda.events) == len(work)  # one event per piece (one device)
+    assert cuda.streams == 3 and cuda.waits.count(("reader", "current")) == 3
+    assert cuda.waits.count(("current", "reader")) == 3
+    assert cuda.events and all(e.recorded and e.synced for e in cuda.events)
+    assert released == ([True] if fail else [])

@@ -337,6 +337,14 @@ def _preadv(fd: int, views: list[memoryview], offset: int, piece: Piece) -> None
             views[0] = views[0][count:]
 
 
+def _cuda_targets(reads: Sequence[Read]) -> set[torch.device]:
+    """The CUDA devices that staged bytes go to: where copies run on the readers' streams."""
+    if not torch.cuda.is_available():
+        return set()
+    return {r.out.device for r in reads
+            if r.path is not None and not r.direct and r.out.device.type == "cuda"}
+
+
 def _file(path: str) -> str:
     """The file's own name where ``path`` is a held descriptor's (``/proc/self/fd/N``)."""
     if path.startswith("/proc/self/fd/"):
@@ -407,13 +415,11 @@ def read_all(reads: Sequence[Read], *, threads: int = READERS,
         return
     readers = max(1, min(threads, len(work)))
     buffer_bytes = _aligned(max(p.staged for p in work))
-    pinned = torch.cuda.is_available() and any(
-        r.out.device.type == "cuda" for r in reads if r.path is not None and not r.direct)
+    devices = _cuda_targets(reads)
+    pinned = bool(devices)
     states = [_Reader(buffer_bytes, pinned) for _ in range(readers)]
-    if pinned:
-        devices = {r.out.device for r in reads if r.out.device.type == "cuda"}
-        for state in states:
-            state.open_streams(devices)
+    for state in states:
+        state.open_streams(devices)
     left = [0] * len(reads)  # per read: the pieces holding its bytes not read yet
     for piece in work:
         for index in piece.holds:
