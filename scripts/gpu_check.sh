@@ -23,9 +23,10 @@ timeout 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_devices.py \
   tests/io/test_staging.py tests/io/test_reads.py tests/graft/test_devices.py \
   tests/graft/test_graft.py 2>&1 | tee "$logs/gpu_tests.log"
 tests=${PIPESTATUS[0]}
-# rounds interleave every method; no new round starts after --budget seconds of the bench
+# rounds interleave every method (warm folder, end to end, warm file, then cold); no run
+# starts after --budget seconds of the bench, each result is logged as it comes
 timeout 390 python3 bench/gpu.py --device cuda --size-gib 4 --rounds 3 --cold-rounds 2 \
-  --budget 250 --dir .bench 2>&1 | tee "$logs/gpu_bench.log"
+  --budget 300 --dir .bench 2>&1 | tee "$logs/gpu_bench.log"
 bench=${PIPESTATUS[0]}
 rm -rf .bench
 exit $(( tests || bench ))
