@@ -83,6 +83,13 @@ class Leaks:
         assert len(os.listdir("/proc/self/fd")) == self.fds
 
 
+@pytest.fixture
+def ring_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Send CPU targets of another dtype through the staging ring, as device targets go
+    (on the CPU the format's own mapped read is faster, and is what runs)."""
+    monkeypatch.setattr(reads_module, "_staged", lambda read: not read.direct)
+
+
 def failing_after(calls: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``os.preadv`` fails from its ``calls + 1``-th call on (a disk error midway)."""
     real = os.preadv
@@ -124,6 +131,7 @@ def test_a_large_tensor_is_split_across_readers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["safetensors", "pt", "sharded"])
 @pytest.mark.parametrize("dtype", [None, torch.float64, torch.bfloat16])
+@pytest.mark.usefixtures("ring_on_cpu")
 def test_every_format_arrives_whole_straight_or_through_the_ring(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str,
         dtype: torch.dtype | None) -> None:
@@ -143,6 +151,7 @@ def test_every_format_arrives_whole_straight_or_through_the_ring(
     leaks.check()
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 def test_the_ring_is_bounded_by_its_buffers_not_the_file(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     sizes: list[int] = []
@@ -159,6 +168,19 @@ def test_the_ring_is_bounded_by_its_buffers_not_the_file(tmp_path: Path,
         read_all(reads, threads=2, piece_bytes=8192)
     assert set(sizes) == {reads_module.BUFFERS_PER_READER * 8192} and len(sizes) <= 2
     assert all(torch.equal(outs[k], v.double()) for k, v in values.items())
+
+
+def test_a_cast_on_the_cpu_is_read_from_the_mapping_without_a_ring(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the fixture: a CPU target of another dtype is one pass over mapped bytes."""
+    values = _values()
+    leaks = Leaks(monkeypatch)
+    ckpt, outs, reads = file_reads(_write(values, tmp_path, "safetensors"), torch.float64)
+    with ckpt:
+        assert all(p.path is None for p in pieces(reads))
+        read_all(reads, threads=2)
+    assert all(torch.equal(outs[k], v.double()) for k, v in values.items())
+    assert leaks.rings == []
 
 
 def test_tensors_not_stored_plainly_are_read_by_their_format() -> None:
@@ -200,6 +222,7 @@ def _report(message: str, values: dict[str, torch.Tensor],
     assert len(loaded) >= total - missing
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("dtype", [None, torch.float64])
 def test_a_read_error_midway_releases_everything_and_says_what_was_not_loaded(
@@ -217,6 +240,7 @@ def test_a_read_error_midway_releases_everything_and_says_what_was_not_loaded(
     leaks.check()
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 @pytest.mark.parametrize("threads", [1, 3])
 def test_an_interrupt_midway_releases_everything_and_says_what_was_not_loaded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
@@ -235,6 +259,7 @@ def test_an_interrupt_midway_releases_everything_and_says_what_was_not_loaded(
     leaks.check()
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 def test_without_a_failure_nothing_is_reported_missing(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The twin of the failures above: the same reads, no error, every target filled."""
@@ -245,6 +270,7 @@ def test_without_a_failure_nothing_is_reported_missing(tmp_path: Path,
     leaks.check()
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 def test_a_graft_that_fails_midway_names_what_it_did_not_load(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from torch import nn
@@ -263,6 +289,7 @@ def test_a_graft_that_fails_midway_names_what_it_did_not_load(
     assert re.search(r"; ([1-9]|1[0-5]) of 16 tensors were not loaded \('", message), message
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 def test_the_leak_check_sees_a_buffer_still_held(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The broken twin of the checks above: a staging buffer kept alive is caught."""
@@ -327,6 +354,7 @@ class FakeCuda:
             self.synced = True
 
 
+@pytest.mark.usefixtures("ring_on_cpu")
 @pytest.mark.parametrize("fail", [False, True])
 def test_towards_cuda_each_piece_is_copied_on_its_readers_stream_and_waited_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: bool) -> None:

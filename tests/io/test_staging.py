@@ -65,23 +65,26 @@ def _same(target: nn.Module, source: nn.Module, device: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "pt", "sharded"])
-def test_a_cast_on_the_cpu_goes_through_the_ring(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch,
-                                                 kind: str) -> None:
+def test_the_ring_on_the_cpu_fills_a_graft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           kind: str) -> None:
+    """A cast sent through the ring as a device target is (on the CPU it is read from the
+    file's mapping, one pass: see the twin below)."""
     source = _source()
     made = _rings(monkeypatch)
+    monkeypatch.setattr(reads_module, "_staged", lambda read: not read.direct)
     target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).double()
     assert tg.graft(_written(source, tmp_path, kind), target, strict=True).ok
     _same(target, source, "cpu")
     assert made and not any(pinned for _, _, pinned in made)
 
 
-def test_the_stored_dtype_on_the_cpu_needs_no_ring(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The twin: read straight into the parameters, no staging buffer at all."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_on_the_cpu_no_ring_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    dtype: torch.dtype) -> None:
+    """The twin: read straight into the parameters, or cast from the file's mapping."""
     source = _source()
     made = _rings(monkeypatch)
-    target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10))
+    target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).to(dtype)
     assert tg.graft(_written(source, tmp_path, "safetensors"), target, strict=True).ok
     _same(target, source, "cpu")
     assert made == []

@@ -29,9 +29,9 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
     (:func:`~torchgraft.io.reads.read_all`): a pool of readers (:data:`READERS`) reads the
     files in pieces, several shards and several regions of one file at once; into a
     contiguous CPU tensor of the same dtype the bytes go straight into the parameter's memory
-    (no second copy), and towards an accelerator, or a cast, through a ring of staging buffers
-    (pinned for CUDA), each copy to the device issued on the reader's own stream while the
-    next piece is read. Adapted tensors bound for an accelerator are read onto it through the
+    (no second copy), and towards an accelerator through a ring of staging buffers (pinned
+    for CUDA), each copy to the device issued on the reader's own stream while the next piece
+    is read. Adapted tensors bound for an accelerator are read onto it through the
     same pipeline, a group at a time (:data:`ADAPTED_BYTES`), and adapted there; on the CPU
     they are adapted one at a time.
 
