@@ -2,7 +2,8 @@
 
 Usage: ``PYTHONPATH=src python scripts/pairs_table.py [--heldout]`` from the repository root
 (the code bases come from ``scripts/setup.sh test``). ``--heldout``: the held-out suite (code
-bases none of torchgraft's name tables lists, issue 27) instead of the real-pairs suite. Broken
+bases none of torchgraft's name tables lists, issue 27) instead of the real-pairs suite;
+``--v5``: issue 37's held-out pairs (``tests/graft/pairs/heldout_v5.py``). Broken
 twins are listed after the pairs; a twin's outputs never equal the source's, so any ``ok``
 there is a false ok.
 """
@@ -18,7 +19,7 @@ from types import ModuleType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.graft.pairs import expectations, heldout_expectations
+from tests.graft.pairs import expectations, heldout_expectations, heldout_v5_expectations
 from tests.graft.pairs.pairs import PAIRS, Outcome, Pair, case_key, cases, graft_case
 
 #: One case: its row (the pair), its column (flavour, or twin/flavour), and how to run it.
@@ -39,12 +40,16 @@ def _heldout_cases() -> Iterator[Case]:
     from tests.graft.pairs import heldout_mlx as mlx
     from tests.graft.pairs.heldout import HELDOUT_PAIRS
 
+    def run(target: str, twin: str | None) -> Outcome:
+        with tempfile.TemporaryDirectory() as folder:
+            return mlx.graft_mlx(target, twin, Path(folder))
+
     yield from _pair_cases(HELDOUT_PAIRS)
     for target in mlx.TARGETS:
         for twin in mlx.FILES:
             column = mlx.FLAVOUR if twin is None else f"{twin}/{mlx.FLAVOUR}"
             yield (f"{mlx.SOURCE} -> {target}", column,
-                   lambda target=target, twin=twin: mlx.graft_mlx(target, twin))
+                   lambda target=target, twin=twin: run(target, twin))
 
 
 def main() -> int:
@@ -53,6 +58,10 @@ def main() -> int:
     expected: ModuleType
     if "--heldout" in sys.argv[1:]:
         suite, expected = _heldout_cases(), heldout_expectations
+    elif "--v5" in sys.argv[1:]:
+        from tests.graft.pairs.heldout_v5 import V5_PAIRS
+
+        suite, expected = _pair_cases(V5_PAIRS), heldout_v5_expectations
     else:
         suite, expected = _pair_cases(PAIRS), expectations
     rows: dict[str, dict[str, str]] = {}

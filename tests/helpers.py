@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -129,3 +130,35 @@ def assert_scales_linearly(seconds: Callable[[int], float], items: int) -> None:
     """4x the items cost at most :data:`SCALING_LIMIT` times the time of ``items``."""
     small, large = seconds(items), seconds(4 * items)
     assert large <= SCALING_LIMIT * small, (items, small, large)
+
+
+def operations(work: Callable[[], object]) -> int:
+    """How many Python functions and builtins ``work`` calls: its work, counted, not timed.
+
+    Deterministic, so a test of how work grows holds on a loaded machine; work inside one
+    builtin (a regular expression, the C unpickler) counts once, as its caller's step.
+    """
+    count = 0
+
+    def profile(_frame: object, event: str, _arg: object) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+#: How many more operations 4x the items may make: linear is 4x (less, with a fixed part), a
+#: quadratic step 16x.
+OPERATIONS_LIMIT = 4.5
+
+
+def assert_operations_scale_linearly(operations_of: Callable[[int], int], items: int) -> None:
+    """4x the items make at most :data:`OPERATIONS_LIMIT` times the operations of ``items``."""
+    small, large = operations_of(items), operations_of(4 * items)
+    assert large <= OPERATIONS_LIMIT * small, (items, small, large)

@@ -80,6 +80,67 @@ def _wide_call(count: int) -> bytes:
     return b"\x80\x02cm\nC\n(" + b"K\x01" * count + b"tR."
 
 
+def _quick_memo_bomb(folder: Path) -> Callable[[], object]:
+    """A DCP folder whose ``.metadata`` stores one memo entry at index 2^27 (a 2 GiB memo),
+    read as ``torchgraft inspect`` reads it: the quick reader first, then the full one."""
+    from torchgraft.quick_inspect import quick_inspect
+
+    path = folder / "dcp"
+    path.mkdir()
+    (path / "__0_0.distcp").write_bytes(b"")
+    (path / ".metadata").write_bytes(b"\x80\x02Nr" + (1 << 27).to_bytes(4, "little") + b".")
+
+    def read() -> object:
+        assert quick_inspect(path) is None
+        return tg.inspect(path)
+    return read
+
+
+def _zip_name_length(folder: Path) -> Callable[[], object]:
+    """A torch zip whose first storage's local header claims a 65,535-byte name."""
+    import struct
+    import zipfile
+
+    path = folder / "m.pt"
+    torch.save({"w": torch.ones(64)}, path)
+    with zipfile.ZipFile(path) as archive:
+        offset = next(i.header_offset for i in archive.infolist() if "/data/" in i.filename)
+    data = bytearray(path.read_bytes())
+    data[offset + 26:offset + 28] = struct.pack("<H", 65535)
+    path.write_bytes(bytes(data))
+    return lambda: tg.convert(path, folder / "out.safetensors")
+
+
+def _quick_chunk_flood(folder: Path) -> Callable[[], object]:
+    """A DCP folder of 4 tensors of 4,096 one-element chunks, as ``torchgraft inspect`` reads
+    it without torch (every pair of chunks compared, before: over 20 CPU s)."""
+    from tests.test_quick_inspect import _chunk_flood
+    from torchgraft.quick_inspect import quick_inspect
+
+    path = _chunk_flood(folder / "dcp", 4096 // SCALE)
+
+    def read() -> object:
+        info = quick_inspect(path)
+        assert info is not None
+        return f"{len(info.tensors)} tensors summarised"
+    return read
+
+
+def _claiming_config(kind: str) -> Case:
+    """A tiny transformers checkpoint folder whose config.json claims sizes it does not hold,
+    verified (``verify=True``)."""
+    def build(folder: Path) -> Callable[[], object]:
+        from tests.graft.pairs.codebases import hf_llama, hf_vit
+
+        make, claim = (hf_llama, {"num_hidden_layers": 100_000}) if kind == "layers" else \
+            (hf_vit, {"image_size": 100_000})
+        make().save_pretrained(folder / "model")  # type: ignore[operator]
+        config = json.loads((folder / "model" / "config.json").read_text())
+        (folder / "model" / "config.json").write_text(json.dumps({**config, **claim}))
+        return lambda: tg.graft(folder / "model", make(), verify=True)
+    return build
+
+
 def _dcp_huge_chunk(folder: Path) -> Callable[[], object]:
     from torch.distributed.checkpoint import save
 
@@ -307,10 +368,15 @@ CASES: dict[str, Case] = {
     "paddle numpy.ndarray((2**33,))": lambda d: _opener(
         _pickle_file(d, "e.pdparams", pickle.dumps({"w": _Ndarray()}, protocol=2))),
     "DCP chunk 10^6 x 10^6": _dcp_huge_chunk,
+    "DCP 4 tensors of 4,096 one-element chunks (inspect without torch)": _quick_chunk_flood,
+    "torch zip local header claiming a 65,535-byte name (convert)": _zip_name_length,
+    "config.json num_hidden_layers 100,000 beside 2 layers (verify)": _claiming_config("layers"),
+    "config.json image_size 10^5 (verify)": _claiming_config("image"),
     "qint8 1 byte as 2^15 x 2^15, stride 0": _quantized_stride0(torch.qint8, 1 << 15),
     "qint32 4 bytes as 2^16 x 2^16, stride 0": _quantized_stride0(torch.qint32, 1 << 16),
-    "300k distinct unknown globals": _inspect_json(_distinct_globals(300_000 // SCALE), "g.pkl"),
-    "one global called 1M times": _inspect_json(_repeated_call(1_000_000 // SCALE), "h.pkl"),
+    "100k distinct unknown globals": _inspect_json(_distinct_globals(100_000 // SCALE), "g.pkl"),
+    "one global called 1M times": _inspect_json(_repeated_call(1_000_000), "h.pkl"),
+    "quick inspect: DCP .metadata memo index 2^27": _quick_memo_bomb,
     "inspect --json of a 1M-argument call": _inspect_json(_wide_call(1_000_000 // SCALE),
                                                           "i.pkl"),
     "DeepSpeed partition_count 'x'": _deepspeed("count"),
@@ -344,9 +410,11 @@ CASES: dict[str, Case] = {
 OUTCOMES: dict[str, str | None] = {
     "qint8 1 byte as 2^15 x 2^15, stride 0": None,
     "qint32 4 bytes as 2^16 x 2^16, stride 0": None,
-    "300k distinct unknown globals": None,
-    "one global called 1M times": None,
+    "100k distinct unknown globals": None,
     "inspect --json of a 1M-argument call": None,
+    "DCP 4 tensors of 4,096 one-element chunks (inspect without torch)": None,
+    "config.json num_hidden_layers 100,000 beside 2 layers (verify)": "TorchgraftError",
+    "config.json image_size 10^5 (verify)": "TorchgraftError",
     "HDF5 external storage naming /etc/hostname": "UnsupportedCheckpointError",
     "MLX config.json linking out": "OutsideCheckpointError",
     "Hub refs/main a FIFO": "UnsupportedCheckpointError",

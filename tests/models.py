@@ -330,3 +330,110 @@ class Scaled(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.second(self.first(x) * self.scale)
+
+
+class ConvNeXtV2LayerNorm(nn.Module):
+    """ConvNeXt V2's own LayerNorm: channels last, or channels first (over dimension 1)."""
+
+    def __init__(self, dim: int, *, channels_first: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.channels_first = channels_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.channels_first:
+            return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, 1e-6)
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + 1e-6)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class GRN(nn.Module):
+    """ConvNeXt V2's global response norm, as its original code base names it: ``gamma``, ``beta``
+    (transformers' and timm's call them ``weight``, ``bias``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.zeros(1, 1, 1, dim))
+        self.beta = nn.Parameter(torch.zeros(1, 1, 1, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gx = torch.norm(x, p=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        return self.gamma * (x * nx) + self.beta + x
+
+
+class ConvNeXtV2Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, kernel_size=7, padding=3, groups=dim)
+        self.norm = ConvNeXtV2LayerNorm(dim)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.grn = GRN(4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.dwconv(x).permute(0, 2, 3, 1))
+        y = self.pwconv2(self.grn(F.gelu(self.pwconv1(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class ConvNeXtV2(nn.Module):
+    """ConvNeXt V2 as its original code base writes it (facebookresearch/ConvNeXt-V2): stem and
+    downsampling layers in one list, GRN's ``gamma`` and ``beta``, a pooled norm and a head."""
+
+    def __init__(self, depths: tuple[int, ...] = (1, 1), dims: tuple[int, ...] = (16, 32),
+                 num_classes: int = 10) -> None:
+        super().__init__()
+        self.downsample_layers = nn.ModuleList([nn.Sequential(
+            nn.Conv2d(3, dims[0], kernel_size=4, stride=4),
+            ConvNeXtV2LayerNorm(dims[0], channels_first=True))])
+        for i in range(len(dims) - 1):
+            self.downsample_layers.append(nn.Sequential(
+                ConvNeXtV2LayerNorm(dims[i], channels_first=True),
+                nn.Conv2d(dims[i], dims[i + 1], kernel_size=2, stride=2)))
+        self.stages = nn.ModuleList([nn.Sequential(*[ConvNeXtV2Block(dim) for _ in range(depth)])
+                                     for depth, dim in zip(depths, dims, strict=True)])
+        self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
+        self.head = nn.Linear(dims[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for downsample, stage in zip(self.downsample_layers, self.stages, strict=True):
+            x = stage(downsample(x))
+        return self.head(self.norm(x.mean([-2, -1])))
+
+
+class FrozenBatchNorm2d(nn.Module):
+    """torchvision's ``FrozenBatchNorm2d`` (DETR's and detection code bases' norm), as it is
+    written there: every tensor a buffer, ``weight`` and ``bias`` too."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("weight", torch.ones(num_features))
+        self.register_buffer("bias", torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.reshape(1, -1, 1, 1)
+        b = self.bias.reshape(1, -1, 1, 1)
+        rv = self.running_var.reshape(1, -1, 1, 1)
+        rm = self.running_mean.reshape(1, -1, 1, 1)
+        scale = w * (rv + self.eps).rsqrt()
+        return x * scale + (b - rm * scale)
+
+
+class ConvNormNet(nn.Module):
+    """A convolution, a norm, a head: the norm a ``BatchNorm2d`` or another class."""
+
+    def __init__(self, norm: type[nn.Module] = nn.BatchNorm2d) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = norm(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.bn(self.conv(x)).mean((-2, -1)))

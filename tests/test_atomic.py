@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -272,3 +273,153 @@ def test_an_interrupt_between_a_folder_swaps_two_moves_puts_the_old_folder_back(
     monkeypatch.setattr(atomic.os, "replace", replace)
     assert torch.equal(tg.load(target)["w"], torch.ones(2))
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+# --- kills at each step, and the next write into the folder ------------------------------
+
+#: Each step a write can be killed at: (kind of write, what the child patches to die there).
+KILL_STEPS = {
+    "single file, written, before its last move": "single",
+    "single file (named temporary), while writing": "single",
+    "single file (named temporary), before its move": "single",
+    "folder, written, before the swap": "folder",
+    "folder, between the swap's two moves": "folder",
+    "folder, swapped, before its work folder goes": "folder",
+    "sharded, after its first shard": "sharded",
+    "sharded, every shard written, before the index": "sharded",
+}
+_TARGETS = {"single": "model.safetensors", "folder": "ckpt", "sharded": "model.safetensors"}
+
+
+def _killed_state(value: float) -> dict[str, torch.Tensor]:
+    return {f"layer{i}.weight": torch.full((8, 8), value) for i in range(4)}
+
+
+def _die(*_args: object, **_kwargs: object) -> None:
+    os._exit(9)  # as SIGKILL: no finally, no cleanup, no atexit
+
+
+def _killed_at(step: str, target: str) -> None:
+    """In a child: overwrite ``target`` with 2.0, killed at ``step`` (exit status 9)."""
+    import importlib
+
+    import torchgraft.atomic as atomic
+
+    save = importlib.import_module("torchgraft.save")  # tg.save is the function
+    if "named temporary" in step:
+        atomic._anonymous = lambda folder: None  # type: ignore[assignment]
+    if step == "single file, written, before its last move":
+        atomic.os.replace = _die  # type: ignore[assignment]  # the unnamed file's named copy
+    elif step == "single file (named temporary), while writing":
+        atomic.os.fsync = _die  # type: ignore[assignment]
+    elif step == "single file (named temporary), before its move":
+        atomic._commit = _die  # type: ignore[assignment]
+    elif step == "folder, written, before the swap":
+        atomic._swap_in = _die  # type: ignore[assignment]
+    elif step == "folder, between the swap's two moves":
+        atomic._exchange = lambda a, b: False  # type: ignore[assignment]
+        moves, replace = [], os.replace
+
+        def second_move_dies(a: object, b: object) -> None:
+            moves.append(a)
+            if len(moves) == 2:
+                _die()
+            replace(a, b)  # type: ignore[arg-type]
+        atomic.os.replace = second_move_dies  # type: ignore[assignment]
+    elif step == "folder, swapped, before its work folder goes":
+        atomic._settle = _die  # type: ignore[assignment]
+    elif step == "sharded, after its first shard":
+        shards, watched = [], save._watched
+
+        def second_shard_dies(*args: object) -> object:
+            shards.append(args)
+            if len(shards) == 2:  # the first is whole, under its tagged name
+                _die()
+            return watched(*args)  # type: ignore[arg-type]
+        save._watched = second_shard_dies  # type: ignore[assignment]
+    elif step == "sharded, every shard written, before the index":
+        parts = save._write_parts
+
+        def then_die(*args: object) -> None:
+            parts(*args)  # type: ignore[arg-type]
+            _die()
+        save._write_parts = then_die  # type: ignore[assignment]
+    sharded = {"max_shard_size": 300} if KILL_STEPS[step] == "sharded" else {}
+    tg.save(_killed_state(2.0), target, overwrite=True, **sharded)  # type: ignore[arg-type]
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """What in ``folder`` is a temporary, or a shard its index does not name."""
+    from torchgraft.save import _TAGGED, _indexed_shards
+
+    named = _indexed_shards(folder / "model.safetensors.index.json")
+    return sorted(p.name for p in folder.iterdir() if ".tg-" in p.name or (
+        _TAGGED.fullmatch(p.name) is not None and p.name not in named))
+
+
+@pytest.fixture(scope="module")
+def killer() -> object:
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torchgraft", "torchgraft.save",
+                                    "torch.distributed.checkpoint", "tests.test_atomic"])
+    return context
+
+
+@pytest.mark.parametrize("step", list(KILL_STEPS))
+def test_a_write_killed_at_each_step_leaves_what_the_next_write_into_the_folder_removes(
+        tmp_path: Path, step: str, killer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The old checkpoint (or the whole new one) loads after the kill; the next write into
+    the folder, to another name, removes every temporary the killed one left (its process no
+    longer runs), saying so at debug level, and the checkpoint still loads."""
+    import logging
+
+    kind = KILL_STEPS[step]
+    target = tmp_path / _TARGETS[kind]
+    opened = tmp_path if kind == "sharded" else target
+    sharded = {"max_shard_size": 300} if kind == "sharded" else {}
+    tg.save(_killed_state(1.0), target, **sharded)  # type: ignore[arg-type]
+    child = killer.Process(target=_killed_at, args=(step, str(target)))
+    child.start()
+    child.join()
+    assert child.exitcode == 9, "the kill did not land"
+    left = _leftovers(tmp_path)
+    assert left, "the kill left nothing to remove"
+    with caplog.at_level(logging.DEBUG, logger="torchgraft"):
+        tg.save({"w": torch.ones(1)}, tmp_path / "other.safetensors")  # another name
+    assert not _leftovers(tmp_path), _leftovers(tmp_path)
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert all(name in logged for name in left), (left, logged)
+    values = {float(t.unique()[0]) for t in tg.load(opened).values()}
+    assert len(values) == 1 and values <= {1.0, 2.0}, values  # old, or the whole new one
+
+
+def _temporary(folder: Path, host: str, pid: int) -> list[Path]:
+    """A temporary file and folder, and a tagged shard no index names, of a write of ``pid``
+    on ``host``."""
+    files = [folder / f".model.safetensors.tg-{host}-{pid}-abc.tmp",
+             folder / f"model-{host}{pid:08x}abcd-00001-of-00002.safetensors"]
+    for file in files:
+        file.write_bytes(b"partial")
+    (folder / f".ckpt.tg-{host}-{pid}-xyz").mkdir()
+    return [*files, folder / f".ckpt.tg-{host}-{pid}-xyz"]
+
+
+def test_a_write_still_running_or_of_another_host_is_never_cleaned(tmp_path: Path) -> None:
+    from torchgraft.atomic import HOST
+
+    dead = 2**22 + 12345  # above any pid this machine hands out
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kept = [*_temporary(tmp_path, HOST, os.getpid()),  # this process's own writes
+                *_temporary(tmp_path, HOST, sleeper.pid),  # another process, still running
+                *_temporary(tmp_path, "0badc0de" if HOST != "0badc0de" else "0badc0df",
+                            dead)]  # another host's (a shared filesystem): its pids not ours
+        gone = _temporary(tmp_path, HOST, dead)  # the control: this host's, process gone
+        tg.save({"w": torch.ones(1)}, tmp_path / "w.safetensors")
+        assert all(os.path.lexists(p) for p in kept), [p for p in kept if not p.exists()]
+        assert not any(os.path.lexists(p) for p in gone), [p for p in gone if p.exists()]
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -138,6 +138,7 @@ def _read(path_text: str, expected: dict[str, tuple[int, ...]]) -> str:
     import torchgraft as tg
 
     path = Path(path_text)
+    out = path.parent / f"{path.name}.out.safetensors"
     signal.signal(signal.SIGALRM, _timeout)
     signal.alarm(SECONDS)
     try:
@@ -148,11 +149,14 @@ def _read(path_text: str, expected: dict[str, tuple[int, ...]]) -> str:
             names = {k: ckpt.meta(k).shape for k in ckpt.keys()}
         loaded = tg.load(path)
         report = tg.graft(path, _Net(), verify=False)
-        tg.convert(path, path.parent / f"{path.name}.out.safetensors", overwrite=True)
+        tg.convert(path, out, overwrite=True)
         if names != expected or {k: tuple(v.shape) for k, v in loaded.items()} != expected:
             return "changed: loaded with other names or shapes"
         return "loaded" if report.ok else "loaded (graft incomplete)"
-    except tg.TorchgraftError:
+    except tg.TorchgraftError as exc:
+        named = None if exc.path is None else Path(exc.path)
+        if named is None or named == out or not (named == path or path in named.parents):
+            return f"other: the error names no file of the mutant: {str(exc)[:200]}"
         return "clean error"
     except TimeoutError:
         return "other: hang"
@@ -212,3 +216,9 @@ def test_a_raw_exception_would_be_caught(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(tg, "load", broken)
     assert _read(str(path), expected).startswith("other: ValueError")
+
+    def named_a_descriptor(*args: Any, **kwargs: Any) -> Any:
+        raise tg.CorruptCheckpointError("the file shrank while open", path="/proc/self/fd/6")
+
+    monkeypatch.setattr(tg, "load", named_a_descriptor)
+    assert _read(str(path), expected).startswith("other: the error names no file")

@@ -161,3 +161,54 @@ def test_anything_unusual_goes_to_the_full_reader(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "torchgraft", "inspect", str(lying)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "lying.safetensors" in result.stderr
+
+
+def _chunk_flood(folder: Path, chunks: int, *, tensors: int = 4, overlap: bool = False) -> Path:
+    """A DCP folder of ``tensors`` tensors of ``chunks`` elements, each stored one element a
+    chunk (``overlap``: the last chunk of each is its first again). Its ``.metadata`` is
+    pickled from torch's own records; the data are zeros."""
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    folder.mkdir()
+    entries, storage = {}, {}
+    for t in range(tensors):
+        fqn = f"t{t}"
+        starts = [*range(chunks - 1), 0 if overlap else chunks - 1]
+        entries[fqn] = TensorStorageMetadata(
+            TensorProperties(dtype=torch.float32), torch.Size([chunks]),
+            [ChunkStorageMetadata(offsets=torch.Size([i]), sizes=torch.Size([1])) for i in starts])
+        for i in starts:
+            storage[MetadataIndex(fqn, torch.Size([i]))] = _StorageInfo(
+                "__0_0.distcp", 4 * (t * chunks + i), 4)
+    metadata = Metadata(entries, planner_data={f: (f,) for f in entries}, storage_data=storage)
+    with (folder / ".metadata").open("wb") as f:
+        pickle.dump(metadata, f)
+    (folder / "__0_0.distcp").write_bytes(bytes(4 * tensors * chunks))
+    return folder
+
+
+def test_chunk_floods_are_checked_in_linear_work(tmp_path: Path) -> None:
+    """4 tensors of thousands of one-element chunks: the quick reader checked every pair of
+    chunks (4 tensors of 4,096: over 20 CPU seconds); now as many steps as chunks."""
+    from tests.helpers import assert_operations_scale_linearly, operations
+
+    def inspected(chunks: int) -> int:
+        folder = _chunk_flood(tmp_path / f"flood{chunks}", chunks)
+        return operations(lambda: quick_inspect(folder))
+
+    assert_operations_scale_linearly(inspected, 512)
+    quick = quick_inspect(tmp_path / "flood2048")  # the control: read, as the full reader does
+    assert quick is not None and quick.to_dict() == tg.inspect(tmp_path / "flood2048").to_dict()
+    overlapping = _chunk_flood(tmp_path / "overlap", 2048, overlap=True)
+    assert quick_inspect(overlapping) is None  # the full reader's error, not a summary
+    with pytest.raises(tg.CorruptCheckpointError, match="overlap"):
+        tg.inspect(overlapping)

@@ -189,3 +189,67 @@ def test_unknown_calls_nested_100000_deep_are_refused_in_bounded_time(tmp_path: 
     with pytest.raises(tg.CorruptCheckpointError, match="calls of unknown globals nest deeper"):
         tg.open(path)
     assert time.process_time() - start < 2
+
+
+def _flood(calls: int, *, nested: bool) -> bytes:
+    """A pickle of ``calls`` calls of one unknown global ``m.C``: flat (``C(1)``, 6 bytes
+    each), or nested two deep (``C(C(1))``: the outer call's argument a record)."""
+    call = b"h\x00h\x00K\x01\x85R\x85R" if nested else b"h\x00K\x01\x85R"
+    return b"\x80\x02cm\nC\nq\x00(" + call * (calls // (2 if nested else 1)) + b"l."
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_unknown_call_floods_cost_linear_work_up_to_the_bound(tmp_path: Path,
+                                                              nested: bool) -> None:
+    """What ``inspect`` does with a flood (open, summary, JSON), counted in operations."""
+    import json
+
+    from tests.helpers import assert_operations_scale_linearly, operations
+
+    def inspected(calls: int) -> int:
+        path = tmp_path / f"flood{calls}.pkl"
+        path.write_bytes(_flood(calls, nested=nested))
+        return operations(lambda: json.dumps(tg.inspect(path).to_dict()))
+
+    assert_operations_scale_linearly(inspected, 1000)
+    with tg.open(tmp_path / "flood4000.pkl") as ckpt:  # the control: recorded, listed
+        assert ckpt.skipped_calls == ["m.C"]
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_unknown_call_floods_past_the_bound_are_refused_in_the_same_work(
+        tmp_path: Path, nested: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the bound (lowered here, so that the counting is quick) a flood of any size up
+    to 10 million calls is refused at the first call past it: the same work for each."""
+    from tests.helpers import operations
+    from torchgraft import safe_pickle
+
+    monkeypatch.setattr(safe_pickle, "MAX_UNKNOWN_CALLS", 1000)
+    path = tmp_path / "flood.pkl"
+    counted = []
+    for calls in (1000, 10_000, 1_000_000, 10_000_000):
+        path.write_bytes(_flood(calls, nested=nested))
+
+        def refused() -> None:
+            with pytest.raises(tg.CorruptCheckpointError, match="more than 1,000 calls of "
+                                                                "globals torchgraft does not know"):
+                tg.open(path)
+
+        if calls == 1000:  # the control: at the bound, it opens
+            assert tg.open(path).skipped_calls == ["m.C"]
+            continue
+        refused()  # what is done once per process (imports) is not counted
+        counted.append(operations(refused))
+    assert max(counted) <= 1.05 * min(counted), counted
+
+
+def test_a_flood_past_the_bound_is_refused_naming_the_count(tmp_path: Path) -> None:
+    from torchgraft.safe_pickle import MAX_UNKNOWN_CALLS
+
+    path = tmp_path / "flood.pkl"
+    path.write_bytes(_flood(1_000_000, nested=False))
+    with pytest.raises(tg.CorruptCheckpointError) as caught:
+        tg.inspect(path)
+    message = str(caught.value)
+    assert message.startswith(str(path)) and f"more than {MAX_UNKNOWN_CALLS:,} calls" in message
+    assert f"call {MAX_UNKNOWN_CALLS + 1:,}: 'm.C'" in message and "unsafe=True" in message

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import glob
+import hashlib
+import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -17,7 +20,10 @@ from pathlib import Path
 
 from .errors import CheckpointWriteError, TorchgraftError
 
-__all__ = ["abandon", "alive", "atomic_dir", "atomic_path", "clean_stale", "under_way"]
+__all__ = ["HOST", "abandon", "alive", "atomic_dir", "atomic_path", "clean_stale",
+           "temporary_prefix", "under_way", "writer_gone"]
+
+logger = logging.getLogger("torchgraft")
 
 
 def _umask() -> int:
@@ -27,8 +33,21 @@ def _umask() -> int:
     return mask
 
 
-#: Temporary names carry the writing process's id, so a later write can tell stale ones.
-_TEMP = ".{name}.tg-{pid}-"
+#: This machine, as temporaries' names carry it (a hash of its host name): in a folder that
+#: machines share, a temporary of another host's write is never taken for a killed one's.
+HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+#: What follows ``.tg-`` in a temporary's name: the host (absent in names written before it
+#: was added) and the process id of the write.
+_WRITER = re.compile(r"(?:(?P<host>[0-9a-f]{8})-)?(?P<pid>[0-9]{1,10})-")
+
+
+def temporary_prefix(name: str) -> str:
+    """How the temporaries of a write to ``name`` are named: ``.<name>.tg-<host>-<pid>-``.
+
+    The host and the process let a later write tell a killed write's leftovers
+    (:func:`clean_stale`) from those of a write still under way, here or on another machine.
+    """
+    return f".{name}.tg-{HOST}-{os.getpid()}-"
 
 
 #: Held while a finished write is moved into place, and by :func:`abandon` to the end.
@@ -72,7 +91,13 @@ def abandon(timeout: float = 5.0) -> None:
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` is running (one of another user's counts as running)."""
+    """Whether process ``pid`` is running (one of another user's counts as running).
+
+    A number no process can have (0, or past the system's range) counts as running too: it
+    was not written by a write of this host, so nothing is removed on its word.
+    """
+    if not 0 < pid < 2**31:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -82,32 +107,56 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _clean_stale(destination: Path) -> None:
-    """Remove what killed writes to ``destination`` left beside it (their process is gone)."""
-    clean_stale(destination.parent, f"{glob.escape(f'.{destination.name}.tg-')}*",
-                destination=destination)
+def writer_gone(host: str | None, pid: int) -> bool:
+    """Whether the write of process ``pid`` on ``host`` was killed: it no longer runs here.
+
+    A write of another host, or of this process, or of a process still running, is not; a
+    name without a host (written before hosts were named) is taken as this host's.
+    """
+    return (host is None or host == HOST) and pid != os.getpid() and not alive(pid)
 
 
-def clean_stale(folder: Path, names: str, *, destination: Path | None = None) -> None:
-    """Remove temporaries (``.<name>.tg-<pid>-*``) of killed writes whose process is gone.
+def clean_stale(folder: Path) -> list[Path]:
+    """Remove what killed writes left in ``folder``: their temporaries, whatever they wrote.
+
+    A temporary (``.<name>.tg-<host>-<pid>-...``, a file or a folder) whose write ran on
+    this host in a process that no longer runs is removed; a folder swap killed between its
+    two moves gets its old folder put back first. Temporaries of other users, other hosts,
+    and writes still running are left alone. Each removal is logged (debug).
 
     Args:
-        folder: Where they are.
-        names: A glob pattern for their names.
-        destination: For a killed folder swap: where to put back the old folder it moved out.
+        folder: The folder a write is about to write into.
+
+    Returns:
+        What was removed.
     """
-    for leftover in folder.glob(names):
-        pid = leftover.name.rpartition(".tg-")[2].split("-", 1)[0]
-        if not _ours(leftover):
+    removed: list[Path] = []
+    try:
+        leftovers = sorted(folder.glob(".*.tg-*"))
+    except OSError:
+        return removed
+    for leftover in leftovers:
+        head, _, tail = leftover.name.rpartition(".tg-")
+        writer = _WRITER.match(tail)
+        if writer is None or not _ours(leftover):
             continue  # another user's (a shared folder): never adopted, never removed
-        if pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
-            if leftover.is_dir() and not leftover.is_symlink():
-                old = leftover / "old"  # killed between moving the old folder out and the new in
-                if destination is not None and old.exists() and not destination.exists():
-                    os.replace(old, destination)
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+        pid = int(writer["pid"])
+        if not writer_gone(writer["host"], pid):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            old = leftover / "old"  # killed between moving the old folder out and the new in
+            destination = folder / head[1:]
+            if old.exists() and not os.path.lexists(destination):
+                os.replace(old, destination)
+                logger.debug("put back %s, which a write killed mid-swap (process %d) had "
+                             "moved aside", destination, pid)
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        logger.debug("removed %s, left by a write that no longer runs (process %d)", leftover,
+                     pid)
+        removed.append(leftover)
+    return removed
 
 
 def _ours(path: Path) -> bool:
@@ -122,24 +171,26 @@ def _ours(path: Path) -> bool:
         return False
 
 
-def _temporary_name(path: str | None, destination: Path) -> bool:
+def _temporary_name(path: str | None, destination: Path, unnamed: Path | None) -> bool:
+    """Whether an error's path is this write's temporary (never a file it reads from)."""
     return path is not None and (
         f"{destination.parent}{os.sep}.{destination.name}.tg-" in path
-        or path.startswith("/proc/self/fd/"))
+        or (unnamed is not None and path == str(unnamed)))
 
 
 @contextlib.contextmanager
-def _writing(destination: Path) -> Iterator[None]:
+def _writing(destination: Path, unnamed: Path | None = None) -> Iterator[None]:
     """Turn a failed write (full disk, read-only folder...) into an error naming it.
 
-    A writer's error about the temporary file names the destination instead; torch's
-    ``CheckpointException`` (a DCP save's failures, gathered from its ranks) becomes a
-    :class:`CheckpointWriteError` too.
+    A writer's error about the temporary file (``unnamed``: the unnamed file's
+    ``/proc/self/fd`` name) names the destination instead; an error about a file the write
+    reads keeps that file's name. torch's ``CheckpointException`` (a DCP save's failures,
+    gathered from its ranks) becomes a :class:`CheckpointWriteError` too.
     """
     try:
         yield
     except TorchgraftError as exc:
-        if _temporary_name(exc.path, destination):
+        if _temporary_name(exc.path, destination, unnamed):
             exc.path = None
             exc.located(destination)
         raise
@@ -189,15 +240,19 @@ def _first_failure(exc: BaseException) -> str:
     return str(exc)
 
 
-def _writable(path: str | os.PathLike[str], *, overwrite: bool) -> Path:
-    """The destination as a Path, its folder created; an error if it exists and may not go."""
+def _writable(path: str | os.PathLike[str], *, overwrite: bool, clean: bool) -> Path:
+    """The destination as a Path, its folder created; an error if it exists and may not go.
+
+    With ``clean``, what killed writes left in the folder is removed first (:func:`clean_stale`).
+    """
     destination = Path(path)
+    with _writing(destination):
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if clean:  # first: a killed swap's old folder is put back before it is looked for
+            clean_stale(destination.parent)
     if destination.exists() and not overwrite:
         raise TorchgraftError("already exists; pass overwrite=True (CLI: --overwrite) to "
                               "replace it", path=destination)
-    with _writing(destination):
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        _clean_stale(destination)
     return destination
 
 
@@ -257,7 +312,7 @@ def _commit_unnamed(fd: int, destination: Path, *, overwrite: bool) -> None:
     Where the system can name it neither way, its bytes are copied into a named temporary.
     """
     if overwrite:
-        named = destination.with_name(_TEMP.format(name=destination.name, pid=os.getpid())
+        named = destination.with_name(temporary_prefix(destination.name)
                                       + f"{secrets.token_hex(4)}.tmp")
     else:
         named = destination
@@ -267,8 +322,7 @@ def _commit_unnamed(fd: int, destination: Path, *, overwrite: bool) -> None:
         raise TorchgraftError("already exists (written meanwhile by another process); pass "
                               "overwrite=True to replace it", path=destination) from None
     except OSError:
-        handle, name = tempfile.mkstemp(prefix=_TEMP.format(name=destination.name,
-                                                            pid=os.getpid()),
+        handle, name = tempfile.mkstemp(prefix=temporary_prefix(destination.name),
                                         suffix=".tmp", dir=destination.parent)
         try:
             with os.fdopen(handle, "wb") as copy, os.fdopen(os.dup(fd), "rb") as source:
@@ -298,20 +352,24 @@ def _sync_folder(folder: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
-                unnamed: bool = False) -> Iterator[Path]:
+                unnamed: bool = False, clean: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and moved over it.
 
     With ``overwrite=False`` the move is exclusive: of two processes saving to one path, one
     succeeds and the other raises. With ``unnamed=True`` on Linux, the temporary is a file
     without a name (``O_TMPFILE``, written through ``/proc/self/fd``) that gets its name only
-    when whole: a killed write leaves nothing at all. Otherwise a killed write leaves a
-    ``.<name>.tg-<pid>-*.tmp`` file, removed by the next write to the same destination.
+    when whole: a killed write leaves nothing at all but, for an overwrite killed right before
+    its last move, the finished file under a temporary name. Otherwise a killed write leaves a
+    ``.<name>.tg-<host>-<pid>-*.tmp`` file. The next write into the same folder removes them
+    (:func:`clean_stale`).
 
     Args:
         path: The destination.
         overwrite: Replace an existing file; otherwise an existing one is an error.
         unnamed: Write to an unnamed file where the system has them (the writer must write
             the one path it is given, nothing beside it).
+        clean: Remove what killed writes left in the folder first (a caller writing many
+            files there does it once).
 
     Yields:
         The temporary file's path, to write to.
@@ -320,12 +378,13 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
         CheckpointWriteError: If the file cannot be written; the old one is left as it was.
     """
-    destination = _writable(path, overwrite=overwrite)
+    destination = _writable(path, overwrite=overwrite, clean=clean)
     anonymous = _anonymous(destination.parent) if unnamed else None
     if anonymous is not None:
+        unnamed_path = Path(f"/proc/self/fd/{anonymous}")
         try:
-            with _writing(destination):
-                yield Path(f"/proc/self/fd/{anonymous}")
+            with _writing(destination, unnamed_path):
+                yield unnamed_path
                 os.fsync(anonymous)
                 os.fchmod(anonymous, 0o666 & ~_umask())
                 with _COMMITTING:
@@ -335,8 +394,8 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
             os.close(anonymous)
         return
     with _writing(destination):
-        fd, name = tempfile.mkstemp(prefix=_TEMP.format(name=destination.name, pid=os.getpid()),
-                                    suffix=".tmp", dir=destination.parent)
+        fd, name = tempfile.mkstemp(prefix=temporary_prefix(destination.name), suffix=".tmp",
+                                    dir=destination.parent)
         os.close(fd)
     temporary = Path(name)
     try:
@@ -353,12 +412,18 @@ def atomic_path(path: str | os.PathLike[str], *, overwrite: bool = False,
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False,
+               clean: bool = True) -> Iterator[Path]:
     """Yield a temporary directory path beside ``path``; on success it is renamed to ``path``.
+
+    A killed write leaves its work folder (``.<name>.tg-<host>-<pid>-*``; the old folder in
+    it, when killed mid-swap), which the next write into the same folder removes, putting the
+    old folder back (:func:`clean_stale`).
 
     Args:
         path: The destination directory.
         overwrite: Replace an existing file or directory; otherwise it is an error.
+        clean: Remove what killed writes left in the folder first.
 
     Yields:
         A path that does not exist yet, for the writer to create.
@@ -367,10 +432,9 @@ def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iter
         TorchgraftError: If ``path`` exists and ``overwrite`` is false.
         CheckpointWriteError: If it cannot be written; the old one is left as it was.
     """
-    destination = _writable(path, overwrite=overwrite)
+    destination = _writable(path, overwrite=overwrite, clean=clean)
     with _writing(destination):
-        work = Path(tempfile.mkdtemp(prefix=_TEMP.format(name=destination.name,
-                                                         pid=os.getpid()),
+        work = Path(tempfile.mkdtemp(prefix=temporary_prefix(destination.name),
                                      dir=destination.parent))
     temporary = work / "new"
     try:

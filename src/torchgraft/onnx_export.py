@@ -16,7 +16,7 @@ from torch import nn
 
 from .atomic import atomic_path
 from .errors import MissingDependencyError, TorchgraftError
-from .graft.check.compare import first_tensor
+from .graft.search.activations import first_tensor
 from .graft.sides.model import run_model, unwrap
 
 __all__ = ["ExportReport", "export_onnx"]

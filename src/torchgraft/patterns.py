@@ -33,6 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .errors import TorchgraftError, shown
@@ -113,11 +114,14 @@ class TimedPattern:
     Args:
         regex: The compiled pattern.
         what: What it is, for the message (``"rule 3's pattern"``).
+        path: The file it was read from (a rules file), named in the message.
     """
 
-    def __init__(self, regex: re.Pattern[str], *, what: str = "the pattern") -> None:
+    def __init__(self, regex: re.Pattern[str], *, what: str = "the pattern",
+                 path: str | Path | None = None) -> None:
         self.regex = regex
         self.what = what
+        self.path = path
         self._left = BUDGET_SECONDS
 
     def search(self, string: str) -> re.Match[str] | None:
@@ -160,4 +164,5 @@ class TimedPattern:
             f"{self.what} {shown(self.regex.pattern, 80)} took over {BUDGET_SECONDS:g} s "
             f"matching key {shown(string, 80)} ({len(string)} characters): it backtracks "
             r"without bound (a repeat inside a repeat, such as (\w+\.?)*, or alternatives "
-            "that overlap); write it so that each character can match one way only")
+            "that overlap); write it so that each character can match one way only",
+            path=self.path)

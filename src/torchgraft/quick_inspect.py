@@ -14,6 +14,7 @@ reader then runs, with its checks and its errors. The summary is the one
 from __future__ import annotations
 
 import collections
+import io
 import json
 import math
 import os
@@ -28,6 +29,8 @@ from typing import Any
 from .gguf_header import MAGIC as GGUF_MAGIC
 from .gguf_header import plan as gguf_plan
 from .inspect import BUFFER_NAMES, CheckpointInfo, DtypeTotals
+from .pickle_walk import walk_opcodes
+from .tiling import tiles
 from .wrappers import detect_wrappers
 
 __all__ = ["QuickMeta", "quick_inspect"]
@@ -166,6 +169,18 @@ def _numpy(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     return tensors, {}, "numpy"
 
 
+def _walked(data: bytes) -> io.BytesIO:
+    """A pickle's bytes (at most the quick reader's limit) to unpickle, its opcodes walked.
+
+    :mod:`~torchgraft.pickle_walk` refuses what the unpickler would allocate on the file's
+    word (a memo index of 2**30 in a 10-byte file), as the full reader does.
+    """
+    if len(data) > _MAX_PICKLE:
+        raise _NotQuick
+    walk_opcodes(io.BytesIO(data), len(data))
+    return io.BytesIO(data)
+
+
 class _Storage:
     def __init__(self, dtype: str, key: str, location: str, numel: int) -> None:
         self.dtype, self.key, self.location, self.numel = dtype, key, location, numel
@@ -266,6 +281,7 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
     if not isinstance(storage_data, dict):
         raise _NotQuick
     stored = set()
+    sizes: dict[str, int] = {}  # each data file looked at once, however many items it holds
     for index, info in storage_data.items():
         if not isinstance(index, _Record) or not isinstance(info, _Record):
             raise _NotQuick
@@ -273,9 +289,13 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
         if info.field("transform_descriptors") or not isinstance(relative, str) or any(
                 not isinstance(v, int) for v in (offset, length)):
             raise _NotQuick
-        file = folder / relative
-        if "/" in relative or relative.startswith(".") or file.is_symlink() or not file.is_file() \
-                or not 0 <= offset <= offset + length <= file.stat().st_size:
+        if relative not in sizes:
+            file = folder / relative
+            if "/" in relative or relative.startswith(".") or file.is_symlink() \
+                    or not file.is_file():
+                raise _NotQuick
+            sizes[relative] = file.stat().st_size
+        if not 0 <= offset <= offset + length <= sizes[relative]:
             raise _NotQuick
         where = index.field("offset")
         stored.add((str(index.field("fqn")), None if where is None else _shape(where)))
@@ -283,15 +303,15 @@ def _dcp_storage(folder: Path, storage_data: Any) -> set[tuple[str, tuple[int, .
 
 
 def _covered(size: tuple[int, ...], chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> bool:
-    """Whether the chunks lie inside the tensor and cover it exactly, none overlapping."""
-    if len(chunks) > 4096 or any(
-            len(o) != len(size) or len(n) != len(size)
-            or any(a + b > d for a, b, d in zip(o, n, size, strict=True)) for o, n in chunks):
+    """Whether the chunks lie inside the tensor and cover it exactly, none overlapping.
+
+    Linear in the chunks (:func:`~torchgraft.tiling.tiles`), as the full reader checks them.
+    """
+    if any(len(o) != len(size) or len(n) != len(size)
+           or any(a < 0 or b < 0 or a + b > d for a, b, d in zip(o, n, size, strict=True))
+           for o, n in chunks):
         return False
-    overlap = any(all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2, strict=True))
-                  for k, (o1, s1) in enumerate(chunks) for o2, s2 in chunks[k + 1:]
-                  if math.prod(s1) and math.prod(s2))
-    return not overlap and sum(math.prod(n) for _o, n in chunks) == math.prod(size)
+    return sum(math.prod(n) for _o, n in chunks) == math.prod(size) and bool(tiles(size, chunks))
 
 
 def _dcp(folder: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
@@ -299,7 +319,7 @@ def _dcp(folder: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
     if metadata_path.is_symlink() or metadata_path.stat().st_size > _MAX_PICKLE:
         raise _NotQuick
     with metadata_path.open("rb") as f:
-        metadata = _DcpUnpickler(f).load()
+        metadata = _DcpUnpickler(_walked(f.read(_MAX_PICKLE + 1))).load()
     if not isinstance(metadata, _Record) or type(metadata).__name__ != "Metadata":
         raise _NotQuick
     stored = _dcp_storage(folder, metadata.field("storage_data"))
@@ -338,7 +358,7 @@ def _torch_zip(path: Path) -> tuple[dict[str, QuickMeta], dict[str, Any], str]:
                 with archive.open(member):  # its local header checked, no data read
                     storages[member.filename.removeprefix(f"{base}data/")] = member.file_size
         with archive.open(info) as f:
-            root = _Unpickler(f, storages).load()
+            root = _Unpickler(_walked(f.read(_MAX_PICKLE + 1)), storages).load()
     if not isinstance(root, dict) or not root or not all(
             isinstance(k, str) and isinstance(v, QuickMeta) for k, v in root.items()):
         raise _NotQuick  # a training checkpoint, extras...: the full reader sorts them out

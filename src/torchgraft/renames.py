@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import TorchgraftError, shown
 from .patterns import Matcher, TimedPattern
@@ -50,14 +51,19 @@ class Rule:
     def __str__(self) -> str:
         return f"({shown(self.pattern, 200)} -> {shown(self.replacement, 200)})"
 
-    def timed(self) -> Rule:
+    def timed(self, *, what: str = "rule pattern",
+              path: str | Path | None = None) -> Rule:
         """This rule as a user's: its matches share a time budget of their own.
+
+        Args:
+            what: What the pattern is, in a message (``"rule 3's pattern"``).
+            path: The rules file it was read from, named in a message.
 
         Returns:
             A copy whose :attr:`matcher` is a :class:`~torchgraft.patterns.TimedPattern`.
         """
         rule = Rule(self.pattern, self.replacement)
-        object.__setattr__(rule, "matcher", TimedPattern(rule.regex, what="rule pattern"))
+        object.__setattr__(rule, "matcher", TimedPattern(rule.regex, what=what, path=path))
         return rule
 
 

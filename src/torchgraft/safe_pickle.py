@@ -32,7 +32,6 @@ import importlib
 import io
 import pathlib
 import pickle
-import pickletools
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
@@ -40,7 +39,7 @@ import numpy as np
 import torch
 
 from . import quantized
-from .bounds import check_fits, check_length, check_nesting, check_shape
+from .bounds import MAX_NESTING, check_fits, check_nesting, check_shape
 from .errors import (
     CorruptCheckpointError,
     UnsafeCheckpointError,
@@ -49,9 +48,11 @@ from .errors import (
     shown,
 )
 from .meta import TensorMeta, TensorRef, torch_dtype_of_numpy
+from .pickle_walk import walk_opcodes
 
 __all__ = [
     "DANGEROUS",
+    "MAX_UNKNOWN_CALLS",
     "PickledObject",
     "StorageType",
     "TensorFactory",
@@ -142,14 +143,31 @@ MIN_RECORDS = 16_384
 BYTES_PER_RECORD = 32
 #: The name every unknown global past :data:`MAX_GLOBALS` is recorded under.
 MORE_GLOBALS = "torchgraft.more_globals"
+#: Calls of unknown globals a pickle may make (each recorded, none run): real checkpoints make
+#: a few (enums in hyper-parameters, a message hub's buffers), a few thousand at most; a
+#: pickle of little else only keeps its reader busy, and is refused at the first call past
+#: this, whatever its size (each call costs a few microseconds to record and show).
+MAX_UNKNOWN_CALLS = 100_000
 
 
 class _Budget:
-    """How many records one unpickling may still create."""
+    """How many records one unpickling may still create, and the calls it made."""
 
     def __init__(self, size: int) -> None:
         self.left = MIN_RECORDS + size // BYTES_PER_RECORD
         self.summarised = 0
+        self.calls = 0
+
+    def call(self, what: str, path: str | None) -> None:
+        """Count one call of an unknown global; refuse past :data:`MAX_UNKNOWN_CALLS`."""
+        self.calls += 1
+        if self.calls > MAX_UNKNOWN_CALLS:
+            raise CorruptCheckpointError(
+                f"the pickle makes more than {MAX_UNKNOWN_CALLS:,} calls of globals torchgraft "
+                f"does not know (call {self.calls:,}: {shown(what, 80)}): more than any "
+                "checkpoint makes, refused (they are recorded, never run; a pickle of little "
+                "else only keeps its reader busy). A file you trust reads with unsafe=True "
+                "(CLI: --unsafe), which runs them", path=path)
 
     def take(self, what: str, path: str | None) -> None:
         """Count one record; refuse past the budget."""
@@ -171,17 +189,17 @@ class _InertMeta(type):
     _tg_shared: Any
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        _nesting(args, cls._tg_path)
-        shared = cls._tg_shared
-        if shared is not None:  # the budget is spent: O(1) per call from here on
-            cls._tg_budget.summarised += 1
-            return shared
         if cls._tg_global in _INERT_CALLS:
             return _instance(cls, args)
         if not cls._tg_unsafe:
             if cls._tg_dangerous:
                 raise UnsafeCheckpointError(_display(cls._tg_global), path=cls._tg_path)
             budget = cls._tg_budget
+            budget.call(cls._tg_global, cls._tg_path)
+            shared = cls._tg_shared
+            if shared is not None:  # the budget is spent: O(1) per call from here on
+                budget.summarised += 1
+                return shared
             if budget.left <= 0:  # one shared record per global from here on
                 budget.summarised += 1
                 shared = object.__new__(cls)  # type: ignore[arg-type]
@@ -208,10 +226,13 @@ def _nesting(args: tuple[Any, ...], path: str | None) -> int:
     (``f(f(f(...)))``) with no recursion: each record's depth is counted as it is made (from
     the arguments it keeps, :data:`MAX_ARGS`), and the whole tree is bounded once unpickled.
     """
-    depth = 1 + max((a.depth for a in args[:MAX_ARGS] if isinstance(a, PickledObject)),
-                    default=0)
-    check_nesting(depth, what="the pickle's calls of unknown globals", path=path)
-    return depth
+    depth = 0
+    for arg in args[:MAX_ARGS]:
+        if isinstance(arg, PickledObject) and arg.depth > depth:
+            depth = arg.depth
+    if depth >= MAX_NESTING:
+        check_nesting(depth + 1, what="the pickle's calls of unknown globals", path=path)
+    return depth + 1
 
 
 def _instance(cls: Any, args: tuple[Any, ...]) -> Any:
@@ -759,7 +780,7 @@ def safe_load(file: IO[bytes] | bytes, *, path: str | None = None, unsafe: bool 
         stream: IO[bytes] | _Bounded = (io.BytesIO(raw.read(end - start))
                                         if end - start <= _IN_MEMORY else _Bounded(raw, end))
         base = start if isinstance(stream, io.BytesIO) else 0
-        _check_opcodes(stream, end - base)
+        walk_opcodes(stream, end - base)
         stream.seek(start - base)
         unpickler = _SafeUnpickler(stream, path=path, unsafe=unsafe, factory=factory,
                                    budget=_Budget(end - start))
@@ -836,31 +857,3 @@ class _Bounded:
 
     def seek(self, position: int) -> None:
         self.position = self.raw.seek(position)
-
-
-_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
-_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
-
-
-def _check_opcodes(stream: IO[bytes] | _Bounded, end: int) -> None:
-    """Refuse lengths and memo indices no pickler writes, before the unpickler acts on them.
-
-    Walking the opcodes first (``pickletools``: no object is built) through a stream cut at
-    the file's end bounds every counted length by the bytes that exist (the walk reads the
-    bytes it names: a length past the end is "truncated"), and every ``FRAME`` too. A pickler
-    numbers its memo entries 0, 1, 2...; ``LONG_BINPUT 2**27`` in a 10-byte file would make
-    CPython's unpickler allocate a 2**27-entry table: every index is bounded by the entries
-    so far.
-    """
-    entries = 0
-    for opcode, arg, pos in pickletools.genops(stream):  # type: ignore[arg-type]
-        if opcode.name == "FRAME":
-            check_length(arg, available=end - (pos or 0) - 9, what="a pickle frame's length")
-        elif opcode.name in _PUTS:
-            if not isinstance(arg, int) or not 0 <= arg <= entries:
-                raise CorruptCheckpointError(f"memo index {arg} where at most {entries} can be")
-            entries += arg == entries
-        elif opcode.name == "MEMOIZE":
-            entries += 1
-        elif opcode.name in _GETS and not (isinstance(arg, int) and 0 <= arg < entries):
-            raise CorruptCheckpointError(f"memo index {arg} was never stored")

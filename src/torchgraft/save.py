@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import logging
 import os
 import re
 import secrets
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .atomic import alive, atomic_dir, atomic_path, clean_stale, under_way
+from .atomic import HOST, atomic_dir, atomic_path, clean_stale, under_way, writer_gone
 from .bounds import MAX_INDEX_BYTES
 from .errors import CheckpointWriteError, TorchgraftError
 from .graft.layout_of import LayoutOf, in_layout_of
@@ -28,7 +29,9 @@ from .meta import parse_dtype
 from .units import parse_size
 from .written import ByteMeter
 
-__all__ = ["parse_size", "resolve_format", "save", "write_job"]
+__all__ = ["clean_folder", "parse_size", "resolve_format", "save", "write_job"]
+
+logger = logging.getLogger("torchgraft")
 
 def _writers() -> dict[str, Format]:
     return {f.writes: f for f in formats() if f.writes is not None and f.write is not None}
@@ -147,7 +150,7 @@ def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]
     total = len(groups)
     names = [f"{stem}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
     if any((path.parent / name).exists() for name in names):
-        tag = f"{os.getpid():08x}{secrets.token_hex(2)}"
+        tag = f"{HOST}{os.getpid():08x}{secrets.token_hex(2)}"  # host, process: _writer
         names = [f"{stem}-{tag}-{n:05d}-of-{total:05d}.{suffix}" for n in range(1, total + 1)]
     weight_map: dict[str, str] = {}
     written: list[Path] = []
@@ -157,7 +160,7 @@ def _write_shards(job: WriteJob, path: Path, fmt: Format, groups: list[list[str]
                          meter)
             total_size = sum(job.tensors[n].meta.numel * job.out_dtype(job.tensors[n]).itemsize
                              for n in weight_map)
-            with atomic_path(index, overwrite=overwrite, unnamed=True) as temporary:
+            with atomic_path(index, overwrite=overwrite, unnamed=True, clean=False) as temporary:
                 temporary.write_text(json.dumps({"metadata": {"total_size": total_size,
                                                               **job.metadata},
                                                  "weight_map": weight_map}, indent=2))
@@ -179,7 +182,8 @@ def _write_parts(job: WriteJob, path: Path, fmt: Format, parts: Iterable[tuple[s
         shard = path.with_name(name)
         part = WriteJob({n: job.tensors[n] for n in keys}, job.dtype,
                         legacy=job.legacy, progress=job.progress)
-        with atomic_path(shard, unnamed=True) as temporary, _watched(meter, temporary):
+        with atomic_path(shard, unnamed=True, clean=False) as temporary, \
+                _watched(meter, temporary):
             fmt.write(part, temporary)
         weight_map.update(dict.fromkeys(keys, shard.name))
         written.append(shard)
@@ -197,10 +201,26 @@ def _watched(meter: ByteMeter | None, path: Path) -> contextlib.AbstractContextM
     return meter.watching(path) if meter is not None else contextlib.nullcontext()
 
 
+#: A tagged shard's tag: its writer's host (8 hex digits), process (8) and 4 random; before
+#: hosts were named, the process and 4 random; before that, 8 random.
+_TAG = r"[0-9a-f]{20}|[0-9a-f]{12}|[0-9a-f]{8}"
+#: Any tagged shard: ``<stem>-<tag>-00001-of-00002.<suffix>``.
+_TAGGED = re.compile(rf"(?P<stem>.+?)-(?P<tag>{_TAG})-\d{{5}}-of-\d{{5}}\.(?P<suffix>.+)")
+
+
 def _shard_pattern(stem: str, suffix: str) -> re.Pattern[str]:
     """Shard names of ``<stem>.<suffix>``; group ``tag``: a tagged write's tag."""
-    return re.compile(rf"{re.escape(stem)}-(?:(?P<tag>[0-9a-f]{{8}}|[0-9a-f]{{12}})-)?"
+    return re.compile(rf"{re.escape(stem)}-(?:(?P<tag>{_TAG})-)?"
                       rf"\d{{5}}-of-\d{{5}}\.{re.escape(suffix)}")
+
+
+def _writer(tag: str | None) -> tuple[str | None, int] | None:
+    """The host and process a shard's tag names; ``None`` for a tag that names none."""
+    if tag is not None and len(tag) == 20:
+        return tag[:8], int(tag[8:16], 16)
+    if tag is not None and len(tag) == 12:
+        return None, int(tag[:8], 16)
+    return None
 
 
 def _indexed_shards(index: Path) -> set[str]:
@@ -233,13 +253,54 @@ def _remove_orphans(folder: Path, stem: str, suffix: str, *, keep: set[str],
             status = file.lstat()
         except OSError:
             continue
-        tag = match["tag"]
-        writer = int(tag[:8], 16) if tag is not None and len(tag) == 12 else None
+        writer = _writer(match["tag"])
         if status.st_uid != os.getuid():
             continue
-        if alone or (writer is not None and writer != os.getpid() and not alive(writer)):
+        if alone or (writer is not None and writer_gone(*writer)):
             file.unlink(missing_ok=True)
-    clean_stale(folder, f".{glob.escape(stem)}-*-of-*.{glob.escape(suffix)}.tg-*")
+            logger.debug("removed %s, a shard no index names, left by a write that no longer "
+                         "runs", file)
+
+
+def clean_folder(folder: Path) -> list[Path]:
+    """Remove what killed writes left in ``folder`` before a write into it.
+
+    Temporaries (:func:`~torchgraft.atomic.clean_stale`), and tagged shards of any name whose
+    writer ran on this host in a process that no longer runs, if their index
+    (``<stem>.<suffix>.index.json``) does not name them: an overwrite of a sharded checkpoint
+    killed after some of its shards. Files of other users, other hosts and writes still
+    running are left alone; each removal is logged (debug).
+
+    Args:
+        folder: The folder a write is about to write into.
+
+    Returns:
+        What was removed.
+    """
+    removed = clean_stale(folder)
+    named: dict[Path, set[str]] = {}
+    try:
+        shards = sorted(folder.glob("*-*-of-*.*"))
+    except OSError:
+        return removed
+    for file in shards:
+        match = _TAGGED.fullmatch(file.name)
+        writer = _writer(match["tag"]) if match is not None else None
+        if match is None or writer is None or not writer_gone(*writer):
+            continue
+        index = folder / f"{match['stem']}.{match['suffix']}.index.json"
+        if index not in named:
+            named[index] = _indexed_shards(index)
+        try:
+            mine = file.lstat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and file.name not in named[index]:
+            file.unlink(missing_ok=True)
+            logger.debug("removed %s, a shard no index names, left by a write that no longer "
+                         "runs (process %d)", file, writer[1])
+            removed.append(file)
+    return removed
 
 
 def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None,
@@ -269,6 +330,7 @@ def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None
         raise TorchgraftError(f"metadata is stored by safetensors files and shard indexes, not "
                               f"{fmt.writes}", path=destination)
     meter = None if progress_bytes is None else ByteMeter(_job_bytes(job), progress_bytes)
+    clean_folder(destination.parent)  # once, before the first file of this write
     if max_shard_size is not None:
         if fmt.writes not in ("safetensors", "torch"):
             raise TorchgraftError(f"max_shard_size= (CLI: --max-shard-size) is for safetensors "
@@ -281,12 +343,12 @@ def write_job(job: WriteJob, path: str | os.PathLike[str], *, format: str | None
                 meter.finish()
             return written
     if fmt.writes == "dcp":
-        with atomic_dir(destination, overwrite=overwrite) as temporary, \
+        with atomic_dir(destination, overwrite=overwrite, clean=False) as temporary, \
                 _watched(meter, temporary):
             fmt.write(job, temporary)
     else:
-        with atomic_path(destination, overwrite=overwrite, unnamed=True) as temporary, \
-                _watched(meter, temporary):
+        with atomic_path(destination, overwrite=overwrite, unnamed=True, clean=False) \
+                as temporary, _watched(meter, temporary):
             fmt.write(job, temporary)
     if meter is not None:
         meter.finish()

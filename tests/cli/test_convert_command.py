@@ -102,3 +102,21 @@ def test_convert_writes_stacked_experts_per_expert(run: Run, tmp_path: Path) -> 
     bad = run("convert", str(tmp_path / "fused.pt"), str(tmp_path / "x.safetensors"),
               "--experts", "other")
     assert bad.returncode == 2 and "per-expert" in bad.stderr
+
+
+def test_convert_says_what_killed_writes_left_and_it_removed_with_debug(run: Run,
+                                                                          tmp_path: Path) -> None:
+    from torchgraft.atomic import HOST
+
+    src = tmp_path / "m.pth"
+    torch.save({"w": torch.ones(2)}, src)
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = 2**22 + 12345  # above any pid this machine hands out
+    stale = out / f".step-100.safetensors.tg-{HOST}-{dead}-abc.tmp"
+    stale.write_bytes(b"a killed save's")
+    result = run("--debug", "convert", str(src), str(out / "m.safetensors"))
+    assert result.returncode == 0, result.stderr
+    assert not stale.exists()
+    assert f"removed {stale}, left by a write that no longer runs (process {dead})" in \
+        result.stderr, result.stderr

@@ -13,6 +13,7 @@ import torchgraft as tg
 from tests.graft.plan.test_plan import side
 from torchgraft.graft import GraftReport, build_plan, parse_rules
 from torchgraft.graft.evidence import EXIT_CODES, SIBLINGS, Evidence, Verdict
+from torchgraft.graft.layouts.fusion import CONVENTION
 from torchgraft.graft.sides.heads import Described
 
 
@@ -226,8 +227,9 @@ def test_per_head_fused_qkv_is_split_head_by_head() -> None:
     source = NeoXFused(8, 4)
     fused = source.attention.query_key_value.weight.detach().view(2, 3, 4, 8)
     target = QKV(8, 4)
-    report = tg.graft(source, target)  # the module says its head size: known layout
-    assert report.ok and not report.guesses
+    report = tg.graft(source, target)  # the module says its head size; the name, the layout
+    assert report.verdict is Verdict.UNVERIFIED  # the name alone: a guess (no forward to run)
+    assert all(g.why == CONVENTION for g in report.guesses.values())
     for k, name in enumerate("qkv"):
         assert torch.equal(getattr(target.attention, name).weight, fused[:, k].reshape(8, 8))
     from_file = tg.graft(source.state_dict(), QKV(8, 4))  # head count from the model alone

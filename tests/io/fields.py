@@ -16,10 +16,11 @@ import pickletools
 import re
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Field", "fields", "with_value"]
+__all__ = ["Field", "fields", "with_crcs", "with_value"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,29 @@ def fields(data: bytes, base: int = 0, hint: str = "") -> list[Field]:
 
 
 # --- zip ---------------------------------------------------------------------------------------
+
+def with_crcs(data: bytes) -> bytes:
+    """``data`` with the CRC-32 of every stored member of every zip in it recomputed, in its
+    local header and its central record: a forger's edit, which the checksum no longer tells
+    from the writer's (``data`` as :func:`_zips` walks it: one zip, or several end to end)."""
+    out = bytearray(data)
+    start = 0
+    while data.startswith(b"PK\x03\x04", start):
+        end = data.find(b"PK\x05\x06", start)
+        stop = end + 22 + struct.unpack("<H", data[end + 20:end + 22])[0]
+        central = start + struct.unpack("<I", data[end + 16:end + 20])[0]
+        while data.startswith(b"PK\x01\x02", central):
+            name, extra, comment = struct.unpack("<HHH", data[central + 28:central + 34])
+            size, local = (struct.unpack("<I", data[central + k:central + k + 4])[0]
+                           for k in (20, 42))
+            local += start
+            begin = local + 30 + sum(struct.unpack("<HH", data[local + 26:local + 30]))
+            crc = struct.pack("<I", zlib.crc32(data[begin:begin + size]))
+            out[central + 16:central + 20] = out[local + 14:local + 18] = crc
+            central += 46 + name + extra + comment
+        start = stop
+    return bytes(out)
+
 
 def _zips(data: bytes, found: list[Field]) -> None:
     """One zip archive, or several end to end (a DCP data file: one per stored item)."""

@@ -208,11 +208,14 @@ def _capped() -> Iterator[None]:
 
 
 def read_fully(path: Path) -> str | None:
-    """Open and read every tensor; ``None`` when it loads or is refused by a library error.
+    """Open and read every tensor; ``None`` when it loads or is refused by a library error
+    naming the checkpoint (its path, or a file in its folder; never a descriptor).
 
     Returns:
-        What went wrong otherwise: a raw exception, or ``meta()`` disagreeing with ``get()``.
+        What went wrong otherwise: a raw exception, an error naming no file of the
+        checkpoint, or ``meta()`` disagreeing with ``get()``.
     """
+    folder = path if path.is_dir() else path.parent
     try:
         with tg.open(path) as ckpt:
             for name in ckpt.keys():
@@ -220,7 +223,10 @@ def read_fully(path: Path) -> str | None:
                 if tuple(value.shape) != meta.shape or value.dtype != meta.dtype:
                     return f"'{name}': meta says {meta.dtype} {meta.shape}, get gives " \
                            f"{value.dtype} {tuple(value.shape)}"
-    except tg.TorchgraftError:
+    except tg.TorchgraftError as exc:
+        if exc.path is None or not exc.path.startswith(str(folder)) or \
+                "/proc/self/fd" in str(exc):
+            return f"names no file of the checkpoint: {exc}"
         return None
     except Exception as exc:  # what the battery looks for
         return f"raw {type(exc).__name__}: {exc}"

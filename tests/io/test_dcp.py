@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,55 @@ def test_overlapping_chunks_are_refused_however_many(tmp_path: Path, rows: int) 
                                                         "elements and overlap"):
         tg.open(tmp_path / "overlap")
 
+
+
+def _outcome(work: Callable[[], object], named: Path) -> str | None:
+    """``None`` when ``work`` succeeds or raises a library error naming ``named``; else what
+    went wrong (a raw exception, or an error naming another file or a descriptor)."""
+    try:
+        work()
+    except tg.TorchgraftError as exc:
+        if str(named) not in str(exc) or "/proc/self/fd" in str(exc):
+            return f"does not name {named.name}: {exc}"
+    except Exception as exc:  # what the test looks for
+        return f"raw {type(exc).__name__}: {exc}"
+    return None
+
+
+def test_every_integer_of_a_chunks_pickle_forged_loads_or_is_refused_naming_the_file(
+        tmp_path: Path) -> None:
+    """Each integer of each chunk archive's ``data.pkl`` (a storage's size, a tensor's offset,
+    shape and strides: what the chunk's bytes are mapped by), changed with the zip's CRCs
+    recomputed, through load, graft and convert (a raw AttributeError from the mapping of a
+    chunk's range before)."""
+    from torch.distributed.checkpoint import save
+
+    from tests.io.fields import fields, with_crcs, with_value
+    from tests.test_fuzz import _Net, _state
+
+    seed = tmp_path / "seed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(_state(), checkpoint_id=str(seed))
+    work = tmp_path / "work"
+    shutil.copytree(seed, work)
+    blob = work / "__0_0.distcp"
+    data = blob.read_bytes()
+    integers = [f for f in fields(data) if f.what.startswith("pickle BININT")]
+    assert len(integers) >= 16
+    assert torch.equal(tg.load(work)["fc.weight"], _state()["fc.weight"])  # the control
+    failures = []
+    for field in integers:
+        value = int.from_bytes(data[field.offset:field.offset + field.width], "little")
+        for changed in {value - 1, value + 1, 0, 1, 255 if field.width == 1 else 1 << 20}:
+            blob.write_bytes(with_crcs(with_value(data, field, changed)))
+            for what, work_on in (
+                    ("load", lambda: tg.load(work)),
+                    ("graft", lambda: tg.graft(work, _Net())),
+                    ("convert", lambda: tg.convert(work, tmp_path / "out.safetensors",
+                                                   overwrite=True))):
+                problem = _outcome(work_on, blob)
+                if problem is not None:
+                    failures.append(f"{what}, {field.what} at {field.offset} = {changed}: "
+                                    f"{problem}")
+    assert not failures, "\n".join(failures[:10])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,95 @@ def test_dataparallel_and_compile_wrappers_are_reported(tmp_path: Path, model: S
     info = tg.inspect(path)
     assert [w.prefix for w in info.wrappers] == ["module.", "_orig_mod."]
     assert info.tensors[0][0] == "module._orig_mod.conv.weight"
+
+
+#: The zip's length and place fields, as :func:`tests.io.fields.fields` describes them.
+_ZIP_FIELDS = ("compressed size", "' size", "size", "name length", "extra length",
+               "local header offset", "entries", "central directory")
+
+
+def _named_or_loaded(work: Callable[[], object], path: Path) -> str | None:
+    """``None`` when ``work`` succeeds or raises a library error naming ``path`` (neither a
+    descriptor nor another file); else what went wrong."""
+    try:
+        work()
+    except tg.TorchgraftError as exc:
+        message = str(exc)
+        if not message.startswith(str(path)) or "/proc/self/fd" in message:
+            return f"names another file: {message}"
+    except Exception as exc:  # what the test looks for
+        return f"raw {type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".npz"])
+def test_every_zip_length_field_lying_loads_the_same_or_is_refused_naming_the_file(
+        tmp_path: Path, suffix: str) -> None:
+    """Each length and place field of the zip (local headers, central records, the end
+    record), set to what a forger writes, through load, graft and convert: the tensors
+    loaded are the saved ones, or the error names the checkpoint (a local header's name length
+    of 65,535 was reported as '/proc/self/fd/6: ... the file shrank while open', and by
+    convert as the output's error)."""
+    import numpy as np
+
+    from tests.io.fields import fields, with_value
+    from tests.test_fuzz import _Net, _state
+
+    state = _state()
+    seed = tmp_path / f"seed{suffix}"
+    if suffix == ".pt":
+        torch.save(state, seed)
+    else:
+        np.savez(seed, **{k: v.numpy() for k, v in state.items()})
+    data = seed.read_bytes()
+    mutant = tmp_path / f"m{suffix}"
+    lengths = [f for f in fields(data) if any(w in f.what for w in _ZIP_FIELDS)
+               and "pickle" not in f.what]
+    assert {"name length", "extra length", "local header offset"} <= {
+        w for f in lengths for w in _ZIP_FIELDS if w in f.what}
+
+    def loaded_the_same() -> None:
+        loaded = tg.load(mutant)
+        if sorted(loaded) == sorted(state):  # an entry's name changed is another key
+            assert all(torch.equal(loaded[k], v) for k, v in state.items()), "other values"
+
+    failures = []
+    for field in lengths:
+        value = int.from_bytes(data[field.offset:field.offset + field.width], "little")
+        top = (1 << (8 * field.width)) - 1
+        for changed in sorted({0, value - 1, value + 1, value + 64, top, len(data) + 1} - {value}):
+            mutant.write_bytes(with_value(data, field, changed))
+            for what, work in (("load", loaded_the_same),
+                               ("graft", lambda: tg.graft(mutant, _Net())),
+                               ("convert", lambda: tg.convert(
+                                   mutant, tmp_path / "out.safetensors", overwrite=True))):
+                problem = _named_or_loaded(work, mutant)
+                if problem is not None:
+                    failures.append(f"{what}: {field.what} at {field.offset} = {changed}: "
+                                    f"{problem}")
+    assert not failures, "\n".join(failures[:10])
+
+
+def test_a_file_that_shrinks_while_open_is_named_by_its_path(tmp_path: Path) -> None:
+    """The descriptor a held file is read through (``/proc/self/fd/N``) is never the name in
+    a message: reads in runs (a graft) and copies in the kernel (convert) name the file."""
+    from tests.test_fuzz import _Net, _state
+    from torchgraft.io.copy import FileCopier
+
+    path = tmp_path / "m.pt"
+    torch.save(_state(), path)
+    with tg.open(path) as ckpt:
+        with path.open("r+b") as f:
+            f.truncate(600)
+        with pytest.raises(tg.CorruptCheckpointError) as caught:
+            tg.graft(ckpt, _Net())
+    held = os.open(path, os.O_RDONLY)
+    try:
+        with (tmp_path / "out").open("wb") as out, FileCopier(out.fileno()) as copier, \
+                pytest.raises(tg.CorruptCheckpointError) as copied:
+            copier.copy(f"/proc/self/fd/{held}", 500, 200, what="'w'")
+    finally:
+        os.close(held)
+    for error in (caught.value, copied.value):
+        assert str(error).startswith(f"{path}: "), error
+        assert "shrank" in str(error) and "/proc/self/fd" not in str(error)

@@ -117,6 +117,10 @@ EXIT_SAVED_ANYWAY = 5
               help="Rules file for the graft from --layout-of into the model (as --rules).")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as a page: both module trees, linked and coloured.")
+@click.option("--save-rules", "rules_path", type=click.Path(path_type=Path), default=None,
+              help="Write what the graft did (what comparing outputs found too) as a rules "
+                   "file: fed back with --rules, the same graft is ok by rule, with no search. "
+                   "Written only when the graft is ok.")
 @click.option("--details", is_flag=True, help="List every renamed key (default: a summary).")
 @click.option("--quiet", "-q", is_flag=True, help="Print the one-line verdict only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -128,7 +132,7 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
                   follow_links: bool, verify: bool | None, inputs_path: Path | None,
                   shape: tuple[int, ...] | None, input_dtype: str | None, source_spec: str | None,
                   source_model_kwargs: str | None, layout_of: Path | None,
-                  layout_rules: Path | None, html_path: Path | None,
+                  layout_rules: Path | None, html_path: Path | None, rules_path: Path | None,
                   details: bool, quiet: bool, as_json: bool) -> int:
     """Graft SOURCE (any checkpoint) into a model, report every key, and save the result.
 
@@ -187,10 +191,14 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
             saved = out
     if html_path is not None:
         report.to_html(html_path)
+    rules_saved = rules_path if rules_path is not None and report.ok else None
+    if rules_saved is not None:
+        report.to_rules(rules_saved)
     code = _exit_code(report, failed, saved)
     if as_json:
         print_json(console, {**report.to_dict(), "out": None if saved is None else str(saved),
                              "html": None if html_path is None else str(html_path),
+                             "rules": None if rules_saved is None else str(rules_saved),
                              "error": failed, "exit_code": code})
         return code
     print_report(console, report, details=details, quiet=quiet)
@@ -205,6 +213,11 @@ def graft_command(source: Path, model_spec: str, model_kwargs: str | None, out: 
     elif not quiet:
         _print_outcome(console, out if saved is None else saved, saved=saved is not None,
                        html_path=html_path)
+    if rules_path is not None and not quiet:
+        console.print(f"rules written to {escape(str(rules_saved))}: --rules takes them"
+                      if rules_saved is not None else
+                      f"rules not written to {escape(str(rules_path))}: the graft is not ok",
+                      highlight=False, soft_wrap=True)
     return code
 
 

@@ -38,7 +38,7 @@ from .layouts.rules import RulesSpec, read_rules
 from .plan.adapt import Init, LabelMap, reversible
 from .plan.build import Planned, PlanOptions, plan_graft
 from .plan.passes import computed_assumption
-from .plan.steps import Match, Plan
+from .plan.steps import Match, Plan, is_bookkeeping
 from .report.adapter_scope import scope_to_adapter
 from .report.report import GraftError, GraftReport
 from .sides.adapters import adapter_keys, refuse_plain_target
@@ -201,13 +201,15 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                               "a sharded model (DTensor parameters) is not compared that way: "
                               "compare its outputs after the graft, or pass verify='auto'")
     with open_source(source, opening, example_inputs=source_inputs) as opened:
+        shapes = {key: info.shape for key, info in opened.side.tensors.items()}
         want = Want(verify, example_inputs, source_inputs, roles, source_model,
                     sum(math.prod(info.shape) * info.dtype.itemsize
-                        for info in opened.side.tensors.values()))
+                        for info in opened.side.tensors.values()), source_shapes=shapes)
         expect_reference(source, opened.module, want)  # before the model is touched
         into = _Into(_with_own_renames(rules, target, walked, opened),
                      PlanOptions(match, adapt, init, label_map),
-                     source_norms(source, opened.module, source_model), device, progress)
+                     source_norms(source, opened.module, source_model, shapes=shapes), device,
+                     progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
                                       assign=opened.private)
@@ -216,7 +218,7 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
         declare_new(report, target, declared, init)
         if not sharded and (verify is True or (verify == "auto"
                                                and _plain_copy(planned.plan, report))):
-            _check(report, planned.plan, (source, opened, target),
+            _check(report, planned, (source, opened, target),
                    replace(want, by_name=_by_name(planned.plan, report)))
     return _finished(report, strict=strict)
 
@@ -333,7 +335,7 @@ def _record_fill(report: GraftReport, filled: Filled, tensors: ModelTensors) -> 
     report.add_missing(dict.fromkeys(initialised.skipped, _STILL_ON_META))
 
 
-def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Module],
+def _check(report: GraftReport, planned: Planned, sides: tuple[Any, GraftSource, nn.Module],
            want: Want) -> None:
     """Compare outputs with the source's, where there is something to compare with.
 
@@ -351,17 +353,19 @@ def _check(report: GraftReport, plan: Plan, sides: tuple[Any, GraftSource, nn.Mo
 
     reference = reference_for(source, opened.module, target, want, fill, report.warnings)
     if reference is not None:
-        verify_graft(report, plan, target, reference)
+        verify_graft(report, planned.plan, target, reference, refs=planned.refs)
 
 
 def _plain_copy(plan: Plan, report: GraftReport) -> bool:
     """Whether the model should compute what the source computes, decided from the plan.
 
-    Every key is filled (nothing missing or re-initialised) and went through reversible
-    layout operations only, with no cast (a cast rounds, or makes the model compute in
-    another precision than its source).
+    Every key is filled, or what is missing may be in what the checkpoint holds and the plan
+    did not use (comparing outputs pairs it by what it computes); nothing re-initialised; and
+    every key went through reversible layout operations only, with no cast (a cast rounds, or
+    makes the model compute in another precision than its source).
     """
-    return (report.complete and not report.reinitialised and not report.new
+    pairable = report.complete or any(not is_bookkeeping(k) for k in report.unused)
+    return (pairable and not report.reinitialised and not report.new
             and all(not step.cast and all(reversible(op) is not None for op in step.ops)
                     for step in plan.steps))
 

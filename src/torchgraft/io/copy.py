@@ -13,6 +13,7 @@ import os
 from types import TracebackType
 
 from ..errors import CorruptCheckpointError
+from .source import file_named
 
 __all__ = ["FileCopier"]
 
@@ -55,7 +56,7 @@ class FileCopier:
         source = self.open(path)
         if os.fstat(source).st_size < offset + nbytes:
             raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
-                                         path=path)
+                                         path=file_named(path))
         done = 0
         while done < nbytes:
             try:
@@ -69,7 +70,7 @@ class FileCopier:
                 raise
             if moved == 0:
                 raise CorruptCheckpointError(f"{what} ends early: the file shrank while open",
-                                             path=path)
+                                             path=file_named(path))
             done += moved
         return True
 

@@ -8,9 +8,7 @@ entries; reading a tensor assembles it from its chunks, whichever rank wrote the
 
 from __future__ import annotations
 
-import collections
 import io
-import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from ..bounds import check_fits, check_length, check_shape
 from ..errors import CorruptCheckpointError, UnsupportedCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import PickledObject, safe_load
+from ..tiling import MAX_CORNERS, tiles
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error
 from .contain import contained
 from .source import FileSource
@@ -176,10 +175,6 @@ def _tensor(fqn: str, entry: dict[str, Any], storage: _Storage, unsafe: bool,
     return TensorRef(TensorMeta.of(size, dtype), read, read_box=read_box)
 
 
-#: Corners the tiling check may count: chunks times 2 ** (dimensions they split).
-_MAX_CORNERS = 1 << 20
-
-
 def _check_cover(fqn: str, size: tuple[int, ...],
                  chunks: list[tuple[tuple[int, ...], tuple[int, ...]]], path: Path) -> None:
     """Chunks must lie inside their tensor and cover it exactly: no element left unwritten."""
@@ -189,36 +184,16 @@ def _check_cover(fqn: str, size: tuple[int, ...],
             raise CorruptCheckpointError(f"chunk {offsets} {sizes} of '{fqn}' lies outside its "
                                          f"{size} tensor", path=path)
     covered = sum(math.prod(sizes) for _, sizes in chunks)
-    if covered != math.prod(size) or not _tiles(fqn, size, chunks, path):
+    tiled = tiles(size, chunks) if covered == math.prod(size) else False
+    if tiled is None:
+        raise UnsupportedCheckpointError(
+            f"'{fqn}' is stored as {len(chunks)} chunks splitting so many of its dimensions "
+            f"that checking their cover would count more than {MAX_CORNERS} corners", path=path)
+    if not tiled:
         raise CorruptCheckpointError(
             f"the chunks of '{fqn}' cover {covered} of its {math.prod(size)} elements"
             + (" and overlap" if covered == math.prod(size) else "")
             + ": the rest would be uninitialised memory", path=path)
-
-
-def _tiles(fqn: str, size: tuple[int, ...],
-           chunks: list[tuple[tuple[int, ...], tuple[int, ...]]], path: Path) -> bool:
-    """Whether chunks inside the tensor, as many elements as it has, cover each element once.
-
-    A box's indicator is the signed sum of orthant steps at its corners; the chunks tile the
-    tensor exactly when their corners, counted with signs, cancel to the tensor's own. This
-    costs chunks x 2 ** (dimensions they split), not chunks squared.
-    """
-    if not math.prod(size):
-        return True
-    split = [d for d in range(len(size))
-             if any(o[d] or n[d] != size[d] for o, n in chunks)]
-    if len(chunks) << len(split) > _MAX_CORNERS:
-        raise UnsupportedCheckpointError(
-            f"'{fqn}' is stored as {len(chunks)} chunks splitting {len(split)} of its "
-            "dimensions: more than torchgraft checks for exact cover", path=path)
-    signs: collections.Counter[tuple[int, ...]] = collections.Counter()
-    boxes = [([(0, size[d]) for d in split], 1)]
-    boxes += [([(o[d], o[d] + n[d]) for d in split], -1) for o, n in chunks if math.prod(n)]
-    for edges, sign in boxes:
-        for picks in itertools.product(*(((low, 1), (high, -1)) for low, high in edges)):
-            signs[tuple(edge for edge, _ in picks)] += sign * math.prod(s for _, s in picks)
-    return not any(signs.values())
 
 
 def _nest(flat: dict[str, Any], planner_data: Any) -> dict[str, Any]:

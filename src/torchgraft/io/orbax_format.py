@@ -21,6 +21,8 @@ files (:func:`~torchgraft.io.flax_format.flax_tree`), Flax NNX's ``value`` leave
 from __future__ import annotations
 
 import os
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +224,7 @@ def _as_torch(array: Any, dtype: torch.dtype, view: Any) -> torch.Tensor:
     return tensor.view(dtype) if view is not None else tensor
 
 
-def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
+def _array_ref(store: Any, name: str, item: Path, held: set[tuple[int, str]]) -> TensorRef:
     dtype_name = store.dtype.name
     if dtype_name not in _DTYPES:
         raise UnsupportedCheckpointError(f"'{name}' has dtype {dtype_name}, which torch lacks",
@@ -237,8 +239,9 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
         try:
             return _as_torch(region.read().result(), dtype, view)
         except ValueError as exc:
-            raise CorruptCheckpointError(f"{what} cannot be read: {brief(exc)}",
-                                         path=item) from None
+            failed = brief(exc)
+        _released(item, held)  # the failed read's files, closed on tensorstore's threads
+        raise CorruptCheckpointError(f"{what} cannot be read: {failed}", path=item)
 
     def read() -> torch.Tensor:
         return fetch(store, f"'{name}'")
@@ -250,11 +253,65 @@ def _array_ref(store: Any, name: str, item: Path) -> TensorRef:
     return TensorRef(meta, read, read_box=read_box)
 
 
+def _descriptors(folder: Path) -> set[tuple[int, str]]:
+    """This process's open descriptors of files under ``folder``, with their targets.
+
+    From Linux's ``/proc/self/fd``; empty where the system has none.
+    """
+    prefix = f"{folder.resolve()}{os.sep}"
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return set()
+    found = set()
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile, or the listing's own
+            continue
+        if target.startswith(prefix):
+            found.add((int(name), target))
+    return found
+
+
+#: How long to wait for tensorstore's threads to close the files of a finished read.
+_CLOSING_SECONDS = 1.0
+
+
+def _released(folder: Path, held: set[tuple[int, str]]) -> None:
+    """Wait until no descriptor of ``folder``'s files is open but those ``held`` before.
+
+    tensorstore reads on threads of its own and closes a file there just after it delivers
+    (or fails) the read: a caller that counts its descriptors right after an error, or after
+    closing the checkpoint, would see one still open for a moment. Bounded by
+    :data:`_CLOSING_SECONDS`.
+    """
+    deadline = time.monotonic() + _CLOSING_SECONDS
+    while _descriptors(folder) - held and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _open(folder: Path, options: ReadOptions) -> Contents:
     ts = _tensorstore()
     item = _item(folder, options)
     leaves, flags = _leaves(item, options)
     stored_bytes = _stored_bytes(item, options)
+    held = _descriptors(item)
+    try:
+        root, closers = _arrays(ts, item, leaves, flags, stored_bytes, options, held)
+    except BaseException as exc:
+        # What tensorstore opened is held by the frames the error passed through: let go of
+        # it, then wait for its threads to close the files.
+        traceback.clear_frames(exc.__traceback__)
+        _released(item, held)
+        raise
+    return Contents("orbax", item, root, [*closers, lambda: _released(item, held)])
+
+
+def _arrays(ts: Any, item: Path, leaves: dict[tuple[str, ...], str], flags: dict[str, Any],
+            stored_bytes: int, options: ReadOptions, held: set[tuple[int, str]],
+            ) -> tuple[dict[str, Any], list[Any]]:
+    """The item's arrays opened with tensorstore, as the Flax tree of lazy tensors."""
     context = ts.Context({"cache_pool": {"total_bytes_limit": 0},
                           "data_copy_concurrency": {"limit": 2},
                           "file_io_concurrency": {"limit": 2}})
@@ -272,7 +329,7 @@ def _open(folder: Path, options: ReadOptions) -> Contents:
         except ValueError as exc:
             raise CorruptCheckpointError(f"array '{leaves[key]}' cannot be opened: {brief(exc)}",
                                          path=item) from None
-    refs = {key: _array_ref(store, leaves[key], item) for key, store in stores.items()}
+    refs = {key: _array_ref(store, leaves[key], item, held) for key, store in stores.items()}
     claimed = sum(ref.meta.nbytes for ref in refs.values())
     if claimed > stored_bytes * _MAX_RATIO:
         raise CorruptCheckpointError(
@@ -288,12 +345,12 @@ def _open(folder: Path, options: ReadOptions) -> Contents:
         by_flax[trimmed], store_of[trimmed] = ref, stores[key]
 
     def layer(key: tuple[str, ...], index: int) -> TensorRef:
-        return _array_ref(store_of[key][index], f"{'.'.join(key)}[{index}]", item)
+        return _array_ref(store_of[key][index], f"{'.'.join(key)}[{index}]", item, held)
 
     root = flax_tree(by_flax, layer, item, framework="orbax")
     root["__metadata__"]["storage"] = (("OCDBT, " if flags["use_ocdbt"] else "")
                                        + ("zarr v3" if flags["use_zarr3"] else "zarr v2"))
-    return Contents("orbax", item, root, [stores.clear, refs.clear])
+    return root, [stores.clear, refs.clear]
 
 
 FORMAT = Format(name="orbax", open=_open, claims_directory=_claims)

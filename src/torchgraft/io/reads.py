@@ -54,6 +54,7 @@ import torch
 from ..errors import CorruptCheckpointError, TorchgraftError, reading
 from ..meta import TensorRef
 from ..text import few, quoted
+from .source import file_named
 
 __all__ = ["BUFFERS_PER_READER", "IOV_MAX", "PIECE_BYTES", "READERS", "Piece", "Read", "pieces",
            "plan_read", "read_all"]
@@ -334,13 +335,13 @@ def _preadv(fd: int, views: list[memoryview], offset: int, piece: Piece) -> None
     while views:
         first = piece.parts[0].read.name
         try:
-            with reading(_file(str(piece.path))):
+            with reading(file_named(str(piece.path))):
                 count = os.preadv(fd, views, offset)
         except TorchgraftError as exc:
             raise exc.about(first) from exc.__cause__
         if count <= 0:
             raise CorruptCheckpointError(f"'{first}' or a tensor after it ends early: the file "
-                                         "shrank while open", path=_file(str(piece.path)))
+                                         "shrank while open", path=file_named(str(piece.path)))
         offset += count
         while views and count >= len(views[0]):
             count -= len(views[0])
@@ -355,14 +356,6 @@ def _cuda_targets(reads: Sequence[Read]) -> set[torch.device]:
         return set()
     return {r.out.device for r in reads
             if r.path is not None and r.out.device.type == "cuda" and _staged(r)}
-
-
-def _file(path: str) -> str:
-    """The file's own name where ``path`` is a held descriptor's (``/proc/self/fd/N``)."""
-    if path.startswith("/proc/self/fd/"):
-        with contextlib.suppress(OSError):
-            return os.readlink(path)
-    return path
 
 
 def _ring(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:

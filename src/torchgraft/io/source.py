@@ -20,7 +20,7 @@ from .boxes import box_reader
 from .contain import open_regular
 
 __all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
-           "released_on_failure", "strided"]
+           "file_named", "released_on_failure", "strided"]
 
 #: The file sources opened inside the innermost :func:`released_on_failure` block.
 _OPENED: ContextVar[list[FileSource] | None] = ContextVar("torchgraft_opened", default=None)
@@ -230,6 +230,13 @@ class FileSource(ByteSource):
         by_descriptor = f"/proc/self/fd/{self.fd}"
         return by_descriptor if os.path.exists(by_descriptor) else str(self.path)
 
+    def place(self, offset: int) -> tuple[str, int]:
+        """Where byte ``offset`` of this source lies: :meth:`held_name`, and the offset there.
+
+        A range of a file (:class:`~torchgraft.io.window.Window`) gives the whole file's.
+        """
+        return self.held_name(), offset
+
     def _slice(self, offset: int, nbytes: int) -> torch.UntypedStorage:
         """A storage of its own viewing these bytes of the private mapping.
 
@@ -262,6 +269,20 @@ class FileSource(ByteSource):
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def file_named(path: str) -> str:
+    """The file a held name stands for (:meth:`FileSource.held_name`), to name it in messages.
+
+    ``/proc/self/fd/N`` is this process's descriptor of a file: a message names the file it
+    was opened as, not the descriptor.
+    """
+    if path.startswith("/proc/self/fd/"):
+        try:
+            return os.readlink(path).removesuffix(" (deleted)")
+        except OSError:
+            return path
+    return path
 
 
 #: torch's own storage slice, without ``UntypedStorage.__getitem__``'s Python check of the
@@ -349,5 +370,5 @@ def plain_ref(source: FileSource, offset: int, meta: TensorMeta, *, what: str) -
     def read_at(start: int, out: torch.Tensor) -> None:
         source.read_into(offset + start, out, what=what)
 
-    return TensorRef(meta, read, read_into, span=lambda: (source.held_name(), offset),
+    return TensorRef(meta, read, read_into, span=lambda: source.place(offset),
                      read_box=box_reader(meta.shape, meta.dtype, read_at))

@@ -120,8 +120,8 @@ class StorageTensors(ABC):
             cast(FileSource, self.source).read_into(start, out, what=f"storage '{storage.key}'")
 
         def span() -> tuple[str, int]:
-            return (cast(FileSource, self.source).held_name(),
-                    self.locate(storage) + offset * view_dtype.itemsize)
+            return cast(FileSource, self.source).place(
+                self.locate(storage) + offset * view_dtype.itemsize)
 
         located: list[int] = []  # the zip header is read once, not once per run of a block
 

@@ -126,7 +126,13 @@ def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, nbytes: int, *,
 
 
 def zip_data_offset(source: ByteSource, info: zipfile.ZipInfo) -> int:
-    """Return where a zip entry's data begins, from its local header.
+    """Return where a zip entry's data begins, from its local header, checked against the file.
+
+    The local header must name the entry the central directory names, its extra field must
+    be whole records, and the data it places must end inside the file where the next record
+    begins (a local header, the central directory, or this entry's data descriptor): a header
+    whose lengths lie would otherwise place the data elsewhere (other bytes read as this
+    entry's), or past the file's end.
 
     Args:
         source: The zip file's bytes.
@@ -136,14 +142,62 @@ def zip_data_offset(source: ByteSource, info: zipfile.ZipInfo) -> int:
         The byte offset of the entry's data.
 
     Raises:
-        CorruptCheckpointError: If the local header is damaged.
+        CorruptCheckpointError: If the local header is damaged or disagrees with the data.
     """
     header = source.read(info.header_offset, _LOCAL_HEADER.size, what="a zip record header")
     signature, name_len, extra_len = _LOCAL_HEADER.unpack(header)
     if signature != _ZIP_MAGIC:
         raise CorruptCheckpointError(f"zip record '{info.filename}' has a corrupt header",
                                      path=source.name)
-    return int(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
+    start = info.header_offset + _LOCAL_HEADER.size
+    offset = start + name_len + extra_len
+    if offset + info.compress_size > source.size:
+        raise CorruptCheckpointError(
+            f"zip record '{info.filename}': its local header's lengths (name {name_len}, extra "
+            f"{extra_len}) place its {info.compress_size} bytes at {offset}..."
+            f"{offset + info.compress_size}, past the file's end ({source.size}): the header "
+            "and the data disagree", path=source.name)
+    named = source.read(start, name_len, what="a zip record's name")
+    extra = source.read(start + name_len, extra_len, what="a zip record's extra field")
+    end = offset + info.compress_size
+    following = source.read(end, min(24, source.size - end), what="a zip record")
+    if named != _encoded_name(info) or not _whole_records(extra) or not _next_record(
+            following, described=bool(info.flag_bits & 0x08)):
+        raise CorruptCheckpointError(
+            f"zip record '{info.filename}': its local header (name length {name_len}, extra "
+            f"length {extra_len}) disagrees with the central directory and the data: the "
+            "header and the data disagree", path=source.name)
+    return int(offset)
+
+
+#: What follows a zip entry's data: the next local header or the central directory.
+_NEXT_RECORDS = (_ZIP_MAGIC, b"PK\x01\x02")
+
+
+def _next_record(following: bytes, *, described: bool) -> bool:
+    """Whether the bytes after an entry's data begin the next record.
+
+    Where the entry has a data descriptor (flag bit 3), that comes first: signed
+    (``PK 07 08``), or unsigned, 12 bytes (20 in zip64) before the next record.
+    """
+    if following[:4] in _NEXT_RECORDS:
+        return True
+    return described and (following[:4] == b"PK\x07\x08" or following[12:16] in _NEXT_RECORDS
+                          or following[20:24] in _NEXT_RECORDS)
+
+
+def _encoded_name(info: zipfile.ZipInfo) -> bytes:
+    """An entry's name as its headers store it (UTF-8 when flagged, else code page 437)."""
+    return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437",
+                                     "surrogateescape")
+
+
+def _whole_records(extra: bytes) -> bool:
+    """Whether a zip extra field is a run of whole ``(id, length, data)`` records."""
+    at = 0
+    while at + 4 <= len(extra):
+        at += 4 + int.from_bytes(extra[at + 2:at + 4], "little")
+    return at == len(extra)
 
 
 def read_archive(source: ByteSource, stream: IO[bytes], *, unsafe: bool) -> tuple[Any, Any]:

@@ -45,6 +45,14 @@ class Window(FileSource):
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.file._raw(self.start + offset, nbytes)
 
+    def _mapped(self, offset: int, nbytes: int, dtype: torch.dtype,
+                shape: tuple[int, ...]) -> torch.Tensor | None:
+        return self.file._mapped(self.start + offset, nbytes, dtype, shape)
+
+    def place(self, offset: int) -> tuple[str, int]:
+        """The whole file's held name, and where byte ``offset`` of the range lies in it."""
+        return self.file.place(self.start + offset)
+
     def close(self) -> None:
         """Nothing to close: the whole file's source owns the descriptor."""
 

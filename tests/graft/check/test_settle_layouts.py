@@ -58,9 +58,9 @@ def test_a_grouped_fused_layout_read_as_blocks_is_settled() -> None:
     report, source, target = _graft("groups")
     assert report.verdict is Verdict.OK, str(report)
     assert _same(target, source)
-    assert report.settled and "read as 2 groups of 16+8+8 rows" in report.settled[0]
+    assert report.settled and "2 groups of [q; k; v] (16+8+8 rows each)" in report.settled[0]
     assert any(t.endswith("kept") for t in report.tried)
-    assert "settled   fused rows of 'attention.wqkv'" in str(report)
+    assert "settled   'attention.wqkv' joined as" in str(report)
 
 
 def test_blocks_need_no_settling() -> None:

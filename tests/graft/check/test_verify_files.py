@@ -16,6 +16,7 @@ import torchgraft as tg
 from torchgraft.graft.check.source_model import from_folder
 from torchgraft.graft.evidence import Evidence, Verdict
 from torchgraft.graft.sides.build import empty_parameters
+from torchgraft.graft.sides.config import SIZES
 from torchgraft.graft.sides.inputs import Inputs, bind, from_config, read_inputs
 
 pytest.importorskip("transformers")
@@ -114,32 +115,42 @@ class _Block(nn.Module):
 def test_a_unit_that_structure_swapped_is_settled() -> None:
     """Two same-shape norms filled the wrong way round (as structure can do where names say
     nothing): outputs compared with the source find the first diverging norm, try the
-    same-shape modules, keep the swap that makes it agree."""
-    from torchgraft.graft.check.compare import as_call
+    same-shape modules, keep the exchange that makes it agree, and record it in the plan."""
+    from dataclasses import replace
+
     from torchgraft.graft.check.reference import Reference
     from torchgraft.graft.check.settle import verify_graft
-    from torchgraft.graft.plan.steps import Plan
+    from torchgraft.graft.search.activations import as_call
+    from torchgraft.meta import TensorMeta, TensorRef
 
     torch.manual_seed(0)
     source = randomise(nn.Sequential(_Block("zeta", "alpha"), _Block("zeta", "alpha")))
     target = nn.Sequential(_Block("pre", "post"), _Block("pre", "post")).eval()
     x = torch.randn(3, 8)
     report = tg.graft(source, target, verify=False, example_inputs=(x,), source_inputs=(x,))
-    assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    plan = report.plan
+    assert plan is not None and report.mapping["0.pre.weight"] == "0.zeta.weight"
+    steps = {s.target: s for s in plan.steps}
     with torch.no_grad():  # what a wrong structural match leaves
         for leaf in ("weight", "bias"):
+            first, second = f"0.pre.{leaf}", f"0.post.{leaf}"
             pre, post = getattr(target[0].pre, leaf), getattr(target[0].post, leaf)
             held = pre.clone()
             pre.copy_(post)
             post.copy_(held)
-            report.mapping[f"0.pre.{leaf}"], report.mapping[f"0.post.{leaf}"] = (
-                report.mapping[f"0.post.{leaf}"], report.mapping[f"0.pre.{leaf}"])
-    verify_graft(report, Plan(), target, Reference(source, as_call((x,)), as_call((x,)), {},
-                                                   "the source"))
+            steps[first], steps[second] = (replace(steps[second], target=first),
+                                           replace(steps[first], target=second))
+            report.mapping[first], report.mapping[second] = (steps[first].source,
+                                                             steps[second].source)
+    plan.steps = [steps[s.target] for s in plan.steps]
+    refs = {key: TensorRef(TensorMeta.of(tuple(t.shape), t.dtype), t.detach().clone)
+            for key, t in source.state_dict().items()}
+    verify_graft(report, plan, target, Reference(source, as_call((x,)), as_call((x,)), {},
+                                                 "the source"), refs=refs)
     assert report.verdict is Verdict.OK, str(report)
-    assert report.settled == ["'0.pre' and '0.post' swapped (same shapes, matched by "
-                              "structure)"]
+    assert report.settled == ["'0.pre' and '0.post' exchanged, found by comparing activations"]
     assert report.mapping["0.pre.weight"] == "0.zeta.weight"
+    assert {s.target: s.source for s in plan.steps}["0.pre.weight"] == "0.zeta.weight"
     with torch.no_grad():
         assert torch.allclose(target(x), source(x))
 
@@ -177,15 +188,42 @@ def test_a_config_asking_for_remote_code_builds_nothing(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(
         {"architectures": ["LlamaForCausalLM"], "auto_map": {"AutoModel": "evil.Model"},
          "model_type": "llama"}))
-    assert from_folder(tmp_path) is None
+    assert from_folder(tmp_path, shapes={}) is None
+
+
+@pytest.mark.parametrize(("config", "reason"), [
+    ({"architectures": ["LlamaForCausalLM"], "auto_map": {"AutoModel": "evil.Model"}},
+     "asks for remote code ('auto_map': {'AutoModel': 'evil.Model'}), which torchgraft never "
+     "runs"),
+    ({"architectures": ["os.system"]}, "names 'os.system', which is no model class"),
+    ({"model_type": "mine"}, "names no transformers class"),
+    ([1, 2], "is not a JSON object"),
+], ids=["remote code", "not transformers'", "no architectures", "not an object"])
+def test_a_config_that_builds_no_model_is_named_with_its_reason(
+        tmp_path: Path, config: object, reason: str) -> None:
+    """verify=True is refused naming the config.json and why it builds nothing; without it,
+    the warning says the same (the reason alone, before: the file went unnamed)."""
+    torch.save(nn.Linear(3, 4).state_dict(), tmp_path / "linear.pt")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(tg.TorchgraftError) as caught:
+        tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4), verify=True)
+    assert str(caught.value).startswith(f"{tmp_path / 'config.json'}: verify=True needs "
+                                        "something to compare with"), caught.value
+    assert reason in str(caught.value)
+    report = tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4))
+    assert any(f"{tmp_path / 'config.json'} builds no model: it" in w and reason in w
+               for w in report.warnings), report.warnings
+    (tmp_path / "config.json").unlink()  # the control: no config, nothing to name
+    with pytest.raises(tg.TorchgraftError, match="^verify=True needs something to compare"):
+        tg.graft(tmp_path / "linear.pt", nn.Linear(3, 4), verify=True)
 
 
 def test_a_config_naming_no_transformers_model_builds_nothing(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["os.system"]}))
-    assert from_folder(tmp_path) is None
+    assert from_folder(tmp_path, shapes={}) is None
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(tg.TorchgraftError, match="config.json is not valid JSON"):
-        from_folder(tmp_path)
+        from_folder(tmp_path, shapes={})
 
 
 def test_empty_parameters_keeps_computed_buffers() -> None:
@@ -262,3 +300,93 @@ def test_a_target_that_cannot_run_on_the_callers_inputs_is_an_error(tmp_path: Pa
     with pytest.raises(tg.TorchgraftError, match="failed on the example inputs"):
         tg.graft(_saved(randomise(hf_llama()), tmp_path), target, rules=[(r"^", "inner.model.")],
                  example_inputs=(TOKENS,))
+
+
+#: Each config entry that sizes a generated input, set to what a forger writes beside a tiny
+#: checkpoint: (the config, the entries the error names).
+_INPUT_CLAIMS = {
+    "image_size": ({"image_size": 100_000}, ["'image_size' 100000"]),
+    "img_size": ({"img_size": 100_000, "in_chans": 3}, ["'img_size' 100000"]),
+    "image_size as a list": ({"vision_config": {"image_size": [100_000, 100_000]}},
+                             ["'vision_config.image_size' [100000, 100000]"]),
+    "num_channels": ({"num_channels": 10**9}, ["'num_channels' 1000000000"]),
+    "in_chans": ({"in_chans": 10**9}, ["'in_chans' 1000000000"]),
+    "mel bins and frames": ({"num_mel_bins": 100_000, "max_source_positions": 100_000},
+                            ["'num_mel_bins' 100000", "'max_source_positions' 100000"]),
+    "n_mels and n_audio_ctx": ({"n_mels": 80, "n_audio_ctx": 10**9},
+                               ["'n_audio_ctx' 1000000000"]),
+    "image_size negative": ({"image_size": -3}, ["'image_size' -3"]),
+    "image_size fractional": ({"image_size": [3.5, 2]}, ["'image_size' [3.5, 2]"]),
+    "vocab_size negative": ({"vocab_size": -5}, ["'vocab_size' -5"]),
+    "n_ctx negative": ({"vocab_size": 5, "n_ctx": -3}, ["'n_ctx' -3"]),
+}
+
+
+@pytest.mark.parametrize("claim", sorted(_INPUT_CLAIMS))
+def test_a_config_sizing_an_input_past_its_bound_is_refused_naming_the_entry(
+        tmp_path: Path, claim: str) -> None:
+    """Generated inputs are at most MAX_INPUT_BYTES: a claim past it (image_size 10^5: 120 GB,
+    before a raw RuntimeError from the allocator) is an error naming the config and entries."""
+    config, named = _INPUT_CLAIMS[claim]
+    with pytest.raises(tg.TorchgraftError) as caught:
+        from_config(config, path=tmp_path / "config.json")
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'config.json'}: ") and all(
+        n in message for n in named), message
+
+
+def test_true_input_sizes_generate_their_inputs() -> None:  # the control
+    made = from_config({"image_size": 1024, "num_channels": 3,  # SAM's: 12 MiB
+                        "num_mel_bins": 128, "max_source_positions": 1500, "vocab_size": 9})
+    assert made["pixel values"].shape == (1, 3, 1024, 1024)
+    assert made["audio features"].shape == (1, 128, 3000)
+    assert made["token ids"].shape == (1, 8)
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _saved(randomise(hf_llama()), tmp_path_factory.mktemp("llama"))
+
+
+def _claiming(folder: Path, work: Path, changes: dict[str, object]) -> Path:
+    """A copy of a checkpoint folder whose config.json says ``changes`` too."""
+    import shutil
+
+    shutil.copytree(folder, work)
+    config = json.loads((work / "config.json").read_text())
+    for key, value in changes.items():
+        scope, _, name = key.rpartition(".")
+        (config.setdefault(scope, {}) if scope else config)[name] = value
+    (work / "config.json").write_text(json.dumps(config))
+    return work
+
+
+@pytest.mark.parametrize("entry", [*sorted(SIZES), "text_config.num_hidden_layers"])
+def test_a_config_sizing_its_model_past_the_checkpoint_is_refused_before_building(
+        llama_folder: Path, tmp_path: Path, entry: str) -> None:
+    """num_hidden_layers: 100000 beside a two-layer checkpoint built 100,000 layers to compare
+    with (minutes of CPU); every entry that sizes a model is checked against the checkpoint's
+    largest size (a dimension, or numbered parts of its keys) before anything is built."""
+    folder = _claiming(llama_folder, tmp_path / "claims", {entry: 100_000})
+    target = hf_llama()
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(tg.TorchgraftError) as caught:
+        tg.graft(folder, target, verify=True)
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'config.json'}: verify=True: '{entry}' is 100000, "
+                              "more than the checkpoint beside it holds"), message
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())  # untouched
+    report = tg.graft(folder, hf_llama())  # without verify=True: filled, and said why not
+    assert report.ok and report.max_abs_diff is None
+    assert any(f"'{entry}' is 100000" in w for w in report.warnings), report.warnings
+
+
+def test_a_config_sizing_its_model_as_the_checkpoint_does_verifies(llama_folder: Path,
+                                                                   tmp_path: Path) -> None:
+    # the control: the true config, and one whose entries say what the checkpoint holds
+    # exactly (its layers counted from its keys)
+    config = json.loads((llama_folder / "config.json").read_text())
+    folder = _claiming(llama_folder, tmp_path / "true", {
+        "num_hidden_layers": config["num_hidden_layers"], "vocab_size": config["vocab_size"]})
+    report = tg.graft(folder, meta_llama(), verify=True)
+    assert report.verdict is Verdict.OK and report.max_abs_diff is not None

@@ -11,6 +11,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 import torchgraft as tg
+from tests.models import ConvNormNet
 from torchgraft.graft.evidence import Evidence, Verdict
 from torchgraft.graft.layouts import norms
 
@@ -119,16 +120,18 @@ def test_a_unit_offset_norm_of_its_own_scale_name_is_measured() -> None:
 def test_a_norm_whose_forward_says_nothing_beside_a_unit_offset_norm_is_a_guess(
         ids: torch.Tensor) -> None:
     """The twin: a forward that cannot be probed leaves the class unknown; the offset is added,
-    as most norms are plain, but never said ok until outputs are compared."""
+    as most norms are plain, but never said ok until outputs are compared (as they are, on
+    generated inputs, wherever the source module is given)."""
     torch.manual_seed(1)
     gemma, plain = _gemma(), _plain(BatchFirstOnlyNorm)
-    report = tg.graft(gemma, plain)
+    report = tg.graft(gemma, plain, verify=False)
     assert report.verdict is Verdict.UNVERIFIED and set(report.guesses) == set(NORMS)
     assert "does not tell" in report.guesses["model.norm.weight"].why
     assert torch.equal(_logits(plain, ids), _logits(gemma, ids))
-    settled = tg.graft(gemma, _plain(BatchFirstOnlyNorm), example_inputs=ids)
-    assert settled.verdict is Verdict.OK
-    assert settled.evidence["model.norm.weight"] is Evidence.VERIFIED
+    for inputs in (ids, None):
+        settled = tg.graft(gemma, _plain(BatchFirstOnlyNorm), example_inputs=inputs)
+        assert settled.verdict is Verdict.OK
+        assert settled.evidence["model.norm.weight"] is Evidence.VERIFIED
 
 
 def test_measuring_never_changes_the_callers_norm() -> None:
@@ -211,3 +214,50 @@ def test_a_callable_source_model_says_the_norms_of_a_bare_file(tmp_path: Path,
     save_model(gemma, str(tmp_path / "gemma.safetensors"))
     report = tg.graft(tmp_path / "gemma.safetensors", _plain(), source_model=_gemma)
     assert set(report.adapted) == set(NORMS) and not report.guesses
+
+
+def _drawn(model: nn.Module) -> nn.Module:
+    """Every floating tensor drawn (variances positive): a trained model's values."""
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if tensor.is_floating_point():
+                tensor.copy_(torch.rand_like(tensor) + 0.5 if "var" in name
+                             else torch.randn_like(tensor))
+    return model.eval()
+
+
+def test_a_frozen_norm_whose_state_is_buffers_is_measured_plain() -> None:
+    from tests.models import FrozenBatchNorm2d
+    model = ConvNormNet(FrozenBatchNorm2d)
+    assert norms.norm_offsets(model) == {"bn.weight": 0.0}
+    assert isinstance(model.bn.weight, torch.Tensor)  # the probe ran on a copy
+    assert not isinstance(model.bn.weight, nn.Parameter)
+
+
+@pytest.mark.parametrize("way", ["into frozen", "out of frozen"])
+def test_grafts_between_frozen_and_trained_norms_fill_right(tmp_path: Path, way: str) -> None:
+    from tests.models import FrozenBatchNorm2d
+    frozen, trained = ConvNormNet(FrozenBatchNorm2d), ConvNormNet(nn.BatchNorm2d)
+    source, target = (trained, frozen) if way == "into frozen" else (frozen, trained)
+    _drawn(source)
+    torch.save(source.state_dict(), tmp_path / "model.pt")
+    x = torch.randn(2, 3, 8, 8)
+    for given in (source, tmp_path / "model.pt"):
+        report = tg.graft(given, target.eval(), example_inputs=x)
+        assert report.ok, report
+        with torch.no_grad():
+            torch.testing.assert_close(target(x), source(x))
+
+
+def test_a_frozen_norm_on_meta_keeps_no_unknown_value() -> None:
+    """Control: a norm on meta whose buffers the probe would not set says nothing."""
+    from tests.models import FrozenBatchNorm2d
+
+    class CountingFrozenNorm(FrozenBatchNorm2d):
+        def __init__(self, width: int) -> None:
+            super().__init__(width)
+            self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    with torch.device("meta"):
+        model = ConvNormNet(CountingFrozenNorm)
+    assert norms.norm_offsets(model) == {"bn.weight": None}

@@ -121,6 +121,27 @@ def test_a_users_pattern_that_backtracks_is_cut_at_its_budget(
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.parametrize("rule", [
+    [CATASTROPHIC, "x"],
+    {"op": "transpose", "from": CATASTROPHIC},
+], ids=["rename", "operation"])
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_backtracking_pattern_of_a_rules_file_names_the_file_and_the_rule(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: Any, suffix: str) -> None:
+    """The error comes while keys are matched, long after the file was read: it still names
+    the file, the rule's place in it and the pattern (the pattern alone, before)."""
+    monkeypatch.setattr(torchgraft.patterns, "BUDGET_SECONDS", 0.3)
+    rules = tmp_path / f"rules{suffix}"
+    rules.write_text(json.dumps([["^never", "x"], rule]))  # JSON is YAML too
+    with pytest.raises(tg.TorchgraftError) as caught:
+        tg.graft(_long_key_checkpoint(tmp_path), _Net(), rules=rules)
+    message = str(caught.value)
+    assert message.startswith(f"{rules}: rule 2") and "took over 0.3 s" in message, message
+    with pytest.raises(tg.TorchgraftError) as given:  # given as a list: no file to name
+        tg.graft(_long_key_checkpoint(tmp_path), _Net(), rules=[["^never", "x"], rule])
+    assert str(given.value).startswith("rule 2"), given.value
+
+
 def test_the_same_pattern_over_real_keys_grafts(tmp_path: Path) -> None:  # the control
     path = tmp_path / "ckpt.pt"
     torch.save({f"layer.{p}": t for p, t in _Net().state_dict().items()}, path)

@@ -12,19 +12,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 import torchgraft as tg
 from tests.graft.pairs import references as ref
 from tests.graft.pairs.codebases import TWIN_HEADS, Arch, Inputs
 from tests.graft.pairs.heldout_codebases import HELDOUT_ARCHS
-from tests.graft.pairs.pairs import Outcome, outputs_equal, verdict
+from tests.graft.pairs.pairs import Outcome, outputs_equal, verdict, write_sorted_siblings
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "frameworks" / "mlx"
 SOURCE = "mlx-whisper (MLX save_weights)"
 TARGETS = ("openai-whisper (32 wide)", "transformers Whisper (32 wide)")
 #: The twin and the file it is grafted from (``heads``: the model has another head count).
 FILES = {None: "whisper.safetensors", "deeper": "whisper_deeper.safetensors",
-         "norms": "whisper_norms.safetensors", "heads": "whisper.safetensors"}
+         "norms": "whisper_norms.safetensors", "heads": "whisper.safetensors",
+         "sorted": "whisper.safetensors"}
+TWINS = ("deeper", "heads", "norms", "sorted")
+#: The sorted twin's two same-shape siblings (MLX's file keeps openai-whisper's names).
+SIBLINGS = ("encoder.blocks.0.attn_ln.weight", "encoder.blocks.0.attn_ln.bias")
 FLAVOUR = "mlx"
 #: The targets' keys MLX computes (the encoder's sinusoids) rather than saves.
 COMPUTED = frozenset({"encoder.positional_embedding", "model.encoder.embed_positions.weight"})
@@ -59,11 +64,20 @@ def reference(target: Arch) -> ref.Mapping:
     return lambda state: ref.openai_whisper_to_hf_whisper(mlx_to_openai_whisper(state))
 
 
-def graft_mlx(target_name: str, twin: str | None = None) -> Outcome:
-    """Graft the MLX file (or a twin's) into a fresh target; compare with MLX's outputs."""
+def graft_mlx(target_name: str, twin: str | None = None,
+              folder: Path | None = None) -> Outcome:
+    """Graft the MLX file (or a twin's) into a fresh target; compare with MLX's outputs.
+
+    The sorted twin is MLX's file with :data:`SIBLINGS` renamed
+    (:func:`~tests.graft.pairs.pairs.write_sorted_siblings`), written into ``folder``.
+    """
     target_arch = HELDOUT_ARCHS[target_name]
     target = target_arch.build(heads=TWIN_HEADS if twin == "heads" else None).eval()
-    report = tg.graft(FIXTURES / FILES[twin], target)
+    source = FIXTURES / FILES[twin]
+    if twin == "sorted":
+        assert folder is not None, "the sorted twin is written into a folder"
+        source = write_sorted_siblings(load_file(source), SIBLINGS, folder / FILES[twin])
+    report = tg.graft(source, target)
     batch, expected = inputs()
     try:
         with torch.no_grad():

@@ -92,7 +92,17 @@ def install(check: Callable[[str], bool] = _importable) -> list[str]:
     Returns:
         The packages stubbed.
     """
-    missing = [name for name in STUBBED if (name in sys.modules and isinstance(
+    return stand_in(*STUBBED, check=check)
+
+
+def stand_in(*names: str, check: Callable[[str], bool] = _importable) -> list[str]:
+    """Put stand-ins in place of the packages named that do not import (a code base's config
+    loader or remote-file client that building and running its model never calls).
+
+    Returns:
+        The packages stubbed.
+    """
+    missing = [name for name in names if (name in sys.modules and isinstance(
         sys.modules[name], _StubModule)) or not check(name)]
     if missing:
         sys.meta_path.insert(0, _StubFinder(missing))

@@ -13,7 +13,6 @@ table row can make these cases pass. ``scripts/pairs_table.py --heldout`` prints
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,17 @@ from tests.graft.pairs.installed import skip_without_code_bases
 skip_without_code_bases("transformers", "timm", "whisper", "litgpt", "x_transformers", "encodec")
 
 from tests.graft.pairs import heldout_mlx as mlx  # noqa: E402
-from tests.graft.pairs.codebases import Arch  # noqa: E402
 from tests.graft.pairs.heldout import (  # noqa: E402
     HELDOUT_PAIR_IDS,
     HELDOUT_PAIRS,
     HELDOUT_SIDES,
     PAIR_ARCHS,
+)
+from tests.graft.pairs.heldout_checks import (  # noqa: E402
+    marks,
+    meets_the_bar,
+    saved_shapes,
+    settles,
 )
 from tests.graft.pairs.heldout_codebases import HELDOUT_ARCHS  # noqa: E402
 from tests.graft.pairs.heldout_expectations import (  # noqa: E402
@@ -41,10 +45,9 @@ from tests.graft.pairs.heldout_expectations import (  # noqa: E402
     UNDECIDABLE,
 )
 from tests.graft.pairs.pairs import (  # noqa: E402
-    INPUTS,
-    Outcome,
     Pair,
     assert_never_ok,
+    case_key,
     flavours,
     graft_case,
     outputs_equal,
@@ -53,40 +56,19 @@ from tests.graft.pairs.pairs import (  # noqa: E402
 )
 from tests.graft.pairs.tables import layouts_between, recognised  # noqa: E402
 
-_TWINS = ("deeper", "heads", "norms")
-
-
-class ShortOfTheBar(AssertionError):
-    """A case that is not (yet) filled right, or not ok where it should be: what a NOT_YET
-    mark expects. A false ok or an error is never expected: it fails even under the mark."""
-
-
-def _marked(pair: str, case: str) -> list[pytest.MarkDecorator]:
-    reason = NOT_YET.get((pair, case))
-    return [pytest.mark.xfail(strict=True, reason=reason, raises=ShortOfTheBar)] if reason else []
-
-
 CASES = [pytest.param(pair, flavour, id=f"{pair.name} [{flavour}]",
-                      marks=_marked(pair.name, flavour))
+                      marks=marks(NOT_YET, pair.name, flavour))
          for pair in HELDOUT_PAIRS for flavour in flavours(pair)]
-TWIN_CASES = [pytest.param(pair, twin, flavour, id=f"{pair.name} [{twin} twin, {flavour}]")
+TWIN_CASES = [pytest.param(pair, twin, flavour, id=f"{pair.name} [{twin} twin, {flavour}]",
+                           marks=marks(NOT_YET, *case_key(pair, flavour, twin)))
               for pair, flavour, twin in twin_cases(HELDOUT_PAIRS)]
 MLX_CASES = [pytest.param(target, id=f"{mlx.SOURCE} -> {target} [{mlx.FLAVOUR}]",
-                          marks=_marked(f"{mlx.SOURCE} -> {target}", mlx.FLAVOUR))
+                          marks=marks(NOT_YET, f"{mlx.SOURCE} -> {target}", mlx.FLAVOUR))
              for target in mlx.TARGETS]
-MLX_TWIN_CASES = [pytest.param(target, twin, id=f"{mlx.SOURCE} -> {target} [{twin} twin]")
-                  for target in mlx.TARGETS for twin in _TWINS]
-
-
-def _meets_the_bar(outcome: Outcome, flavour: str) -> None:
-    """Filled right; a module source with inputs ok, a file ok or honestly unverified."""
-    assert not (outcome.verdict == "ok" and not outcome.equal), (
-        f"false ok: outputs differ\n{outcome.report}")
-    allowed = ("ok",) if flavour == "module" else ("ok", "UNVERIFIED")
-    if outcome.verdict not in allowed:
-        raise ShortOfTheBar(str(outcome.report))
-    if not outcome.equal:
-        raise ShortOfTheBar(f"{outcome.verdict} with other outputs\n{outcome.report}")
+MLX_TWIN_CASES = [pytest.param(target, twin, id=f"{mlx.SOURCE} -> {target} [{twin} twin]",
+                               marks=marks(NOT_YET, f"{mlx.SOURCE} -> {target}",
+                                           f"{twin}/{mlx.FLAVOUR}"))
+                  for target in mlx.TARGETS for twin in mlx.TWINS]
 
 
 @pytest.mark.parametrize("pair", HELDOUT_PAIRS, ids=HELDOUT_PAIR_IDS)
@@ -101,21 +83,9 @@ def test_reference_mapping_gives_equal_outputs(pair: Pair) -> None:
 def test_pair(pair: Pair, flavour: str, tmp_path: Path) -> None:
     outcome = graft_case(pair, flavour, tmp_path)
     if (pair.name, flavour) in UNDECIDABLE:
-        _undecided(pair, flavour, outcome, tmp_path)
+        settles(pair, flavour, outcome, tmp_path)
     else:
-        _meets_the_bar(outcome, flavour)
-
-
-def _undecided(pair: Pair, flavour: str, outcome: Outcome, tmp_path: Path) -> None:
-    """A file that cannot tell: UNVERIFIED with the guess named; the source's code settles it."""
-    assert outcome.verdict == "UNVERIFIED", outcome.report
-    assert outcome.report.guesses, outcome.report
-    source_inputs, inputs = pair.source.inputs(INPUTS), pair.target.inputs(INPUTS)
-    assert source_inputs is not None and inputs is not None
-    (tmp_path / "settled").mkdir()
-    settled = graft_case(pair, flavour, tmp_path / "settled", source_model=pair.source.build,
-                         example_inputs=inputs, source_inputs=source_inputs)
-    assert settled.verdict == "ok" and settled.equal, settled.report
+        meets_the_bar(outcome, flavour)
 
 
 @pytest.mark.parametrize(("pair", "twin", "flavour"), TWIN_CASES)
@@ -138,29 +108,12 @@ def test_mlx_reference_mapping_gives_equal_outputs(target: str) -> None:
 
 @pytest.mark.parametrize("target", MLX_CASES)
 def test_mlx_file(target: str) -> None:
-    _meets_the_bar(mlx.graft_mlx(target), mlx.FLAVOUR)
+    meets_the_bar(mlx.graft_mlx(target), mlx.FLAVOUR)
 
 
 @pytest.mark.parametrize(("target", "twin"), MLX_TWIN_CASES)
-def test_mlx_broken_twin_is_never_ok(target: str, twin: str) -> None:
-    assert_never_ok(mlx.graft_mlx(target, twin), twin)
-
-
-def _saved_shapes(arch: Arch) -> dict[str, tuple[int, ...]]:
-    """Key to shape of every way a code base writes a model: its state dict, its saved folder."""
-    model = arch.build()
-    shapes = {key: tuple(value.shape) for key, value in model.state_dict().items()}
-    if arch.saves is None:
-        return shapes
-    with tempfile.TemporaryDirectory() as folder:
-        for path in arch.saves(model, Path(folder)).iterdir():
-            if path.suffix == ".safetensors":
-                with safe_open(str(path), "pt") as file:
-                    shapes |= {k: tuple(file.get_slice(k).get_shape()) for k in file.keys()}
-            elif path.suffix == ".pth":
-                saved = torch.load(path, weights_only=True)
-                shapes |= {key: tuple(value.shape) for key, value in saved.items()}
-    return shapes
+def test_mlx_broken_twin_is_never_ok(target: str, twin: str, tmp_path: Path) -> None:
+    assert_never_ok(mlx.graft_mlx(target, twin, tmp_path), twin)
 
 
 def _mlx_shapes() -> dict[str, tuple[int, ...]]:
@@ -169,7 +122,7 @@ def _mlx_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def _shapes(name: str) -> dict[str, tuple[int, ...]]:
-    return _mlx_shapes() if name == mlx.SOURCE else _saved_shapes(PAIR_ARCHS[name])
+    return _mlx_shapes() if name == mlx.SOURCE else saved_shapes(PAIR_ARCHS[name])
 
 
 @pytest.mark.parametrize("side", [*HELDOUT_SIDES, mlx.SOURCE])

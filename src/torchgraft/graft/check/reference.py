@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch import nn
@@ -24,9 +23,16 @@ from torch import nn
 from ...errors import TorchgraftError
 from ...renames import Rule
 from ..report.report import GraftReport
+from ..search.activations import Call, as_call
 from ..sides.inputs import Inputs, bind, by_role, describe_inputs, from_config, from_modules
-from .compare import Call, as_call
-from .source_model import MAX_AUTO_BYTES, SourceModel, SourceModelLike, from_folder, resolve
+from .source_model import (
+    MAX_AUTO_BYTES,
+    SourceModel,
+    SourceModelLike,
+    from_folder,
+    resolve,
+    unbuilt,
+)
 
 __all__ = ["Reference", "Want", "expect_reference", "reference_for"]
 
@@ -73,6 +79,8 @@ class Want:
     """What the caller asked: ``verify``, inputs, a source model, the size of the weights.
 
     ``by_name``: every key of the graft was filled by its exact name, as stored.
+    ``source_shapes``: the source's tensors' shapes, by key (a folder's config is checked
+    against them before a model is built from it).
     """
 
     verify: bool | str
@@ -82,6 +90,7 @@ class Want:
     source_model: SourceModelLike | None
     source_bytes: int
     by_name: bool = False
+    source_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def _give_up(warnings: list[str], why: str) -> None:
@@ -121,9 +130,15 @@ def expect_reference(source: Any, module: nn.Module | None, want: Want) -> None:
         return
     try:
         candidate = _candidate(source, want)
-    except TorchgraftError as exc:
-        raise TorchgraftError(f"verify=True: {exc}") from None
+    except TorchgraftError as exc:  # the config's file named first, as it was
+        raise TorchgraftError(f"verify=True: {exc.message}", path=exc.path) from None
     if candidate is None:
+        why = unbuilt(source) if isinstance(source, (str, os.PathLike)) else None
+        if why is not None:  # a config beside the file, refused: named, with the reason
+            config, reason = why
+            raise TorchgraftError(f"verify=True needs something to compare with, and this "
+                                  f"config builds no model: {reason}; give source_model= "
+                                  "(CLI: --source-model MODULE:FACTORY)", path=config)
         raise TorchgraftError(_NOTHING)
 
 
@@ -149,8 +164,9 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
     Returns:
         The reference, or ``None`` when there is nothing to compare with.
     """
-    if module is not None:
-        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings)
+    if module is not None:  # both codes at hand: compared on generated inputs where none given
+        return _with_inputs(module, target, want, {}, "the source module", want.roles, warnings,
+                            generate=True)
     try:
         candidate = _candidate(source, want)
     except TorchgraftError as exc:  # a config.json beside the file that cannot be read
@@ -179,20 +195,25 @@ def reference_for(source: Any, module: nn.Module | None, target: nn.Module, want
                            f"({filled.headline()})")
         return None
     names = {source_key: key for key, source_key in filled.mapping.items()}
-    config = candidate.inputs or _from_module_config(built)
+    try:
+        config = candidate.inputs or _from_module_config(built)
+    except TorchgraftError as exc:  # the model's own config sizes an input past its bound
+        _give_up(warnings, str(exc))
+        return None
     return _with_inputs(built, target, want, names, candidate.origin,
                         want.roles or config, warnings, "from its config" if config else "")
 
 
 def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[str, str],
                  origin: str, roles: Inputs | None, warnings: list[str],
-                 made: str = "") -> Reference | None:
+                 made: str = "", *, generate: bool = False) -> Reference | None:
     """The reference with the caller's inputs, else ``roles``, bound to each forward by name.
 
     The caller's inputs as a mapping of argument names are bound to each model's ``forward``
     by name too (``input_ids`` goes to ``idx`` where that model calls it so). Without any,
     where the caller asked for a comparison (``verify=True``, or a model of the source's
-    code base), inputs are generated from the models' first modules, each to try in turn.
+    code base, or the source module itself: ``generate``), inputs are generated from the
+    models' first modules, each to try in turn.
 
     Args:
         module: The reference model.
@@ -203,6 +224,7 @@ def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[s
         roles: Inputs by role (the caller's, or generated from a config).
         warnings: Where to say why outputs are not compared.
         made: Where ``roles`` were generated from (empty: the caller's).
+        generate: Generate inputs where none are given (the source module is at hand).
     """
     if want.example_inputs is not None and not (
             isinstance(want.example_inputs, Mapping) and want.source_inputs is want.example_inputs):
@@ -211,11 +233,12 @@ def _with_inputs(module: nn.Module, target: nn.Module, want: Want, names: dict[s
     if want.example_inputs is not None:
         roles, made = by_role(want.example_inputs), ""
     tries = [(roles, f"{made}: {describe_inputs(roles)}" if made else "")] if roles else []
-    if not tries and (want.verify is True or names):
+    asked = want.verify is True or bool(names) or generate
+    if not tries and asked:
         tries = [(inputs, f"from the models: {describe_inputs(inputs)}")
                  for inputs in from_modules(module, target)]
     if not tries:
-        if want.verify is True or names:
+        if asked:
             _give_up(warnings, f"no inputs can be generated for {origin} (no nn.Embedding, "
                                "convolution or nn.Linear says what it takes); give them as "
                                "example_inputs= (CLI: --inputs FILE or --input-shape N,C,H,W)")
@@ -246,17 +269,16 @@ def _unbuilt_config(source: Any, warnings: list[str]) -> None:
     """Say so when a checkpoint's folder has a config.json that no model is built from."""
     if not isinstance(source, (str, os.PathLike)):
         return
-    folder = Path(source) if Path(source).is_dir() else Path(source).parent
-    if (folder / "config.json").is_file():
-        warnings.append(f"outputs were not compared: {folder / 'config.json'} names no "
-                        "transformers class torchgraft builds (another library's config, "
-                        "remote code, or transformers not installed); give source_model= "
-                        "(CLI: --source-model MODULE:FACTORY) to compare")
+    why = unbuilt(source)
+    if why is not None:
+        config, reason = why
+        warnings.append(f"outputs were not compared: {config} builds no model: {reason}; give "
+                        "source_model= (CLI: --source-model MODULE:FACTORY) to compare")
 
 
 def _candidate(source: Any, want: Want) -> SourceModel | None:
     if want.source_model is not None:
         return resolve(want.source_model)
     if isinstance(source, (str, os.PathLike)):
-        return from_folder(source)
+        return from_folder(source, shapes=want.source_shapes)
     return None

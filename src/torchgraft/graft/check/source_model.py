@@ -18,7 +18,7 @@ import copy
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +26,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import TorchgraftError
+from ...errors import TorchgraftError, shown
 from ...renames import Rule
 from ..layouts.norms import norm_offsets
 from ..sides.build import empty_parameters
-from ..sides.config import read_config
+from ..sides.config import check_sizes, read_config
 from ..sides.inputs import Inputs, from_config
 from ..sides.model import state_tensors, unwrap
 
 __all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "from_folder", "meta_copy",
-           "resolve", "source_norms", "transformers_renames"]
+           "resolve", "source_norms", "transformers_renames", "unbuilt"]
 
 logger = logging.getLogger("torchgraft")
 
@@ -100,41 +100,79 @@ def _what_computes(config: Any) -> dict[str, Any] | None:
         if isinstance(data, dict) else None
 
 
-def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | None:
-    """The transformers class a config names, if transformers has it (never remote code)."""
+def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | str:
+    """The transformers class a config names, if transformers has it; else why none is built.
+
+    Remote code (``auto_map``) is never run, and no module is imported because a config
+    names it: the class is looked up among transformers' own exports.
+    """
     names = data.get("architectures")
+    if data.get("auto_map"):
+        return (f"it asks for remote code ('auto_map': {shown(data['auto_map'], 80)}), which "
+                "torchgraft never runs")
     if not isinstance(names, list) or not names or not isinstance(names[0], str):
-        return None
-    if data.get("auto_map") or importlib.util.find_spec("transformers") is None:
-        return None  # remote code is never run; without transformers there is nothing to build
+        return "it names no transformers class ('architectures'): another library's config"
+    if importlib.util.find_spec("transformers") is None:
+        return f"it names {shown(names[0], 80)}, and transformers is not installed"
     import transformers
 
     cls = getattr(transformers, names[0], None)
     base = getattr(transformers, "PreTrainedModel", None)
     if not isinstance(cls, type) or base is None or not issubclass(cls, base):
-        return None
+        return f"it names {shown(names[0], 80)}, which is no model class of transformers"
     return cls
 
 
-def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
-    """The transformers model a checkpoint folder's ``config.json`` describes.
+def unbuilt(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
+    """Why the ``config.json`` beside a checkpoint describes no model torchgraft builds.
 
     Args:
         path: A checkpoint folder, or a file in one.
+
+    Returns:
+        The config's path and the reason; ``None`` when there is no readable config, or it
+        describes a model (:func:`from_folder` builds it).
+    """
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+    config = folder / "config.json"
+    try:
+        data = read_config(folder)
+    except TorchgraftError:
+        return None
+    if data is None:
+        return (config, "it is not a JSON object") if config.is_file() else None
+    found = _transformers_class(data)
+    return (config, found) if isinstance(found, str) else None
+
+
+def from_folder(path: str | os.PathLike[str], *,
+                shapes: Mapping[str, tuple[int, ...]]) -> SourceModel | None:
+    """The transformers model a checkpoint folder's ``config.json`` describes.
+
+    Its sizes are checked against the checkpoint's (:func:`.check_sizes`) and the inputs it
+    describes against their bound (:func:`.from_config`) before anything is built.
+
+    Args:
+        path: A checkpoint folder, or a file in one.
+        shapes: The checkpoint's tensors' shapes, by key.
 
     Returns:
         The source model and generated inputs; ``None`` when the folder has no config of a
         transformers class, or transformers is not installed.
 
     Raises:
-        TorchgraftError: If config.json is unreadable, or transformers rejects it.
+        TorchgraftError: If config.json is unreadable, sizes a model past what the checkpoint
+            holds or an input past its bound, or transformers rejects it.
     """
     folder = Path(path)
     folder = folder if folder.is_dir() else folder.parent
     data = read_config(folder)
     cls = _transformers_class(data) if data is not None else None
-    if cls is None or data is None:
+    if cls is None or isinstance(cls, str) or data is None:
         return None
+    check_sizes(data, shapes, path=folder / "config.json")
+    inputs = from_config(data, path=folder / "config.json")
     try:
         config = cls.config_class.from_dict(dict(data))  # type: ignore[attr-defined]
     except Exception as exc:
@@ -155,7 +193,7 @@ def from_folder(path: str | os.PathLike[str]) -> SourceModel | None:
             twin: nn.Module = cls(config)
         return _modules(twin) == _modules(model)
 
-    return SourceModel(build, from_config(data), f"{folder / 'config.json'} ({cls.__name__})",
+    return SourceModel(build, inputs, f"{folder / 'config.json'} ({cls.__name__})",
                        transformers_renames, same_as)
 
 
@@ -250,8 +288,8 @@ def resolve(source_model: SourceModelLike) -> SourceModel:
 
 
 
-def source_norms(source: object, module: nn.Module | None,
-                 source_model: SourceModelLike | None) -> dict[str, float | None]:
+def source_norms(source: object, module: nn.Module | None, source_model: SourceModelLike | None,
+                 *, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, float | None]:
     """The source's norms: scale key to offset (see :func:`.norm_offsets`).
 
     Its module's; else a ``source_model=`` module's (of the file's own code base, named as the
@@ -263,11 +301,13 @@ def source_norms(source: object, module: nn.Module | None,
         source: What was grafted (a path, a module, a state dict).
         module: The source as a module, if it is one.
         source_model: The ``source_model=`` argument.
+        shapes: The checkpoint's tensors' shapes, by key (a folder's config is checked
+            against them before its model is built).
     """
     found: object = module if module is not None else source_model
     try:
         if found is None and isinstance(source, (str, os.PathLike)):
-            described = from_folder(source)
+            described = from_folder(source, shapes=shapes)
             found = described.build() if described is not None else None
         elif found is not None and not isinstance(found, nn.Module) and callable(found):
             with torch.device("meta"):

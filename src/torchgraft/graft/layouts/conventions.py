@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXTS", "CONVENTIONS", "ROTARY_ORDERS", "Convention", "RotaryOrder", "joined_role",
-           "numbered", "role_of", "role_parts", "unit_of"]
+__all__ = ["CONTEXTS", "CONVENTIONS", "LEAF_ROLES", "ROTARY_ORDERS", "Convention", "RotaryOrder",
+           "joined_role", "leaf_role", "numbered", "role_of", "role_parts", "unit_of"]
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,23 @@ def _own_role(path: str, siblings: frozenset[str]) -> str | None:
 
 #: A bare parameter's name that says whose tensor it is: ``q_bias``, ``v_bias``, ``k_weight``.
 _OWN_LEAF = re.compile(r"_(?:bias|weight)$")
+
+
+#: What a tensor of a module does, by its leaf name, where code bases name it otherwise: a
+#: norm's scale is ``weight``, ``gamma``, ``g`` or ``scale``; its shift ``bias``, ``beta``, ``b``.
+#: One signal among same-shape tensors of a module (a convention of code bases, not a fact of a
+#: file): the stored order of a file that keeps its order of definition is the other.
+LEAF_ROLES: dict[str, str] = {
+    **dict.fromkeys(("weight", "gamma", "g", "scale", "w"), "scale"),
+    **dict.fromkeys(("bias", "beta", "b", "shift", "offset"), "shift"),
+    **dict.fromkeys(("running_mean", "moving_mean", "mean"), "mean"),
+    **dict.fromkeys(("running_var", "moving_variance", "moving_var", "var", "variance"), "var"),
+}
+
+
+def leaf_role(leaf: str) -> str | None:
+    """The role of a module's tensor from its leaf name (``gamma`` is a ``scale``), if known."""
+    return LEAF_ROLES.get(leaf.lower())
 
 
 #: A name that numbers its module among siblings: ``3``, or letters then a number (``b2``,

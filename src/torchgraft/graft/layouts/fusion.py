@@ -308,11 +308,11 @@ def _virtual_for(fusion: Fusion, src: Side, refs: dict[str, TensorRef], dst: Sid
         per_head = not in_dst.isdisjoint(fusion.per_head)
         return _contested(_fitting(fusion, _fuse(src, refs, fusion, dst, head_dim_of(src, dst)
                                                  if per_head else None), refs, dst, names),
-                          in_dst & names)
+                          in_dst & names, dst)
     if (not in_src.isdisjoint(names) and in_dst.isdisjoint(names)
             and not in_dst.isdisjoint(parts) and _whole(fusion, in_src)):
         return _contested(_fitting(fusion, _split(src, refs, fusion, dst, head_dim_of(src, dst)),
-                                   refs, dst, parts), in_src & names)
+                                   refs, dst, parts), in_src & names, src)
     return []
 
 
@@ -322,11 +322,25 @@ CONTESTED = {
     "wqkv": ("gpt-fast stores a fused 'wqkv' as [Q; K; V] blocks, InternLM2 key/value group "
              "by group: the name does not say which one this is"),
 }
+#: Why a fused tensor read by its name alone is a guess where no known naming family says
+#: its layout: the name is one signal (a convention), and shapes fit every layout alike.
+CONVENTION = ("a fused projection's rows are read as code bases that name it so store them; "
+              "another code base stores the same shapes head by head, core by core or in "
+              "another order")
+#: Fused names of torch's own modules, whose layout is torch's code (``nn.MultiheadAttention``
+#: stores ``[Q; K; V]``): a fact, not a convention.
+TORCH_OWN = frozenset({"in_proj"})
 
 
-def _contested(virtual: list[Virtual], fused: set[str]) -> list[Virtual]:
-    """The virtual tensors, each a guess where the fused side's name is :data:`CONTESTED`."""
+def _contested(virtual: list[Virtual], fused: set[str], side: Side) -> list[Virtual]:
+    """The virtual tensors, each a guess where its layout rests on the fused name alone.
+
+    A name :data:`CONTESTED` is a guess; so is any other where the fused side belongs to no
+    naming family the catalogue knows (whose code says its layout), torch's own modules aside.
+    """
     why = next((CONTESTED[name] for name in sorted(fused) if name in CONTESTED), None)
+    if why is None and family_of(side) is None and not fused <= TORCH_OWN:
+        why = CONVENTION
     if why is None:
         return virtual
     return [replace(v, doubt=v.doubt or why, alternatives=v.alternatives or (

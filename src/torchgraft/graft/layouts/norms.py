@@ -70,6 +70,16 @@ def norm_offsets(model: nn.Module, *,
     return found
 
 
+def _state(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A module's own floating parameters and buffers.
+
+    A frozen norm keeps its scale as a buffer (torchvision's ``FrozenBatchNorm2d``).
+    """
+    return [(name, t) for name, t in [*module.named_parameters(recurse=False),
+                                      *module.named_buffers(recurse=False)]
+            if t.is_floating_point()]
+
+
 def _scale_of(module: nn.Module) -> str | None:
     """A norm's scale: its ``weight``, else its one 1-D parameter other than a bias."""
     if isinstance(getattr(module, "weight", None), torch.Tensor):
@@ -79,6 +89,13 @@ def _scale_of(module: nn.Module) -> str | None:
     return scales[0] if len(scales) == 1 else None
 
 
+def _probe_value(name: str, scale: str, offset: float) -> float:
+    """What a probed norm's tensor holds: the scale ``-offset``, a variance 1, the rest 0."""
+    if name == scale:
+        return -offset
+    return 1.0 if "var" in name else 0.0
+
+
 #: The probe's input: two rows of the norm's width (a channel-first norm reads them as channels).
 _PROBE_ROWS = 2
 
@@ -86,17 +103,19 @@ _PROBE_ROWS = 2
 def _measured(module: nn.Module, scale: str) -> float | None:
     """The offset a norm's own forward shows: the scale (0 or -1) that zeroes its output.
 
-    The forward runs on a copy of the norm alone (its other parameters zeroed), never on the
-    caller's module; on the meta device, the copy gets storage first, where the norm has no
-    buffers (their values would be unknown). A norm whose tensors are sharded, or whose
-    forward raises or returns no tensor, says nothing (``None``).
+    The forward runs on a copy of the norm alone, never on the caller's module: its scale
+    (a parameter, or a buffer of a frozen norm) set, a variance (running statistics) 1, every
+    other floating tensor 0. A norm whose tensors are sharded, or whose forward raises or
+    returns no tensor, says nothing (``None``); so does one on the meta device that keeps
+    buffers the probe does not set (their values would be unknown).
     """
     tensors = [*module.parameters(), *module.buffers()]
     on_meta = any(t.is_meta for t in tensors)
+    probed = {name for name, _ in _state(module)}
     if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors) or (
-            on_meta and any(True for _ in module.buffers())):
+            on_meta and any(name not in probed for name, _ in module.named_buffers())):
         return None
-    width = module.get_parameter(scale).shape[0]
+    width = getattr(module, scale).shape[0]
     probe = torch.randn(_PROBE_ROWS, width, generator=torch.Generator().manual_seed(0))
     zeroes = []
     for offset in (0.0, 1.0):
@@ -104,8 +123,8 @@ def _measured(module: nn.Module, scale: str) -> float | None:
             copy = deepcopy(module).eval()
             copy = (copy.to_empty(device="cpu") if on_meta else copy).float()
             with torch.no_grad():
-                for name, p in copy.named_parameters(recurse=False):
-                    p.fill_(-offset if name == scale else 0.0)
+                for name, tensor in _state(copy):
+                    tensor.fill_(_probe_value(name, scale, offset))
                 out = copy(probe)
         except Exception:  # the model's own code: any failure says nothing
             return None

@@ -71,6 +71,7 @@ class OpRule:
         targets: One template per output.
         params: The operation's fields (``n_heads`` for rotary rows besides).
         number: The rule's place among the rules (from 1), for messages.
+        path: The rules file it was read from, named in messages.
         regexes: The compiled patterns.
         matchers: The patterns as keys are matched with them, within a time budget of this
             rule's (:class:`~torchgraft.patterns.TimedPattern`; a copy has a budget of its own).
@@ -81,6 +82,7 @@ class OpRule:
     targets: tuple[str, ...]
     params: tuple[tuple[str, Any], ...] = ()
     number: int = 0
+    path: str | None = field(default=None, compare=False)
     regexes: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     matchers: tuple[TimedPattern, ...] = field(init=False, repr=False, compare=False)
 
@@ -90,15 +92,16 @@ class OpRule:
         except (re.error, RecursionError, OverflowError) as exc:
             raise self.error(f"a 'from' pattern is not a regex: {exc}") from None
         object.__setattr__(self, "matchers", tuple(
-            TimedPattern(r, what=f"rule {self.number}'s 'from' pattern") for r in self.regexes))
+            TimedPattern(r, what=f"rule {self.number}'s 'from' pattern", path=self.path)
+            for r in self.regexes))
 
     def __str__(self) -> str:
         return (f"rule {self.number} ({self.kind} {shown(list(self.sources), 200)} -> "
                 f"{shown(list(self.targets), 200)})")
 
     def error(self, why: str) -> TorchgraftError:
-        """An error naming this rule."""
-        return TorchgraftError(f"{self}: {why}")
+        """An error naming this rule, and the rules file it is in."""
+        return TorchgraftError(f"{self}: {why}", path=self.path)
 
     def op(self, shapes: Sequence[tuple[int, ...]]) -> ops.TensorOp:
         """The operation for inputs of these shapes (``n_heads`` gives the head size).
@@ -176,12 +179,13 @@ def _counts(kind: str, sources: tuple[str, ...], targets: tuple[str, ...], origi
         raise TorchgraftError(f"{origin}: {kind} makes one tensor: give one 'to' template")
 
 
-def op_rule(item: Mapping[str, Any], number: int) -> OpRule:
+def op_rule(item: Mapping[str, Any], number: int, *, path: str | None = None) -> OpRule:
     """An operation rule from its declarative form (a rules file's mapping).
 
     Args:
         item: ``{"op": kind, "from": pattern(s), "to": template(s), ...fields}``.
         number: Its place among the rules, from 1.
+        path: The rules file it is read from, named in messages.
 
     Returns:
         The rule.
@@ -201,7 +205,7 @@ def op_rule(item: Mapping[str, Any], number: int) -> OpRule:
     targets = _as_list(item.get("to", r"\g<0>"), "to", origin)
     _counts(kind, sources, targets, origin)
     try:
-        rule = OpRule(kind, sources, targets, _params(item, kind, origin), number)
+        rule = OpRule(kind, sources, targets, _params(item, kind, origin), number, path)
         rule.op([])  # the fields fit the operation (no shapes needed but for n_heads)
     except TypeError as exc:
         raise TorchgraftError(f"{origin}: the fields do not fit {kind}: {exc}") from None

@@ -48,30 +48,33 @@ class Rules:
     ops: tuple[OpRule, ...] = ()
 
 
-def _one(item: Any, number: int) -> Rule | OpRule:
-    """One rule from its declarative form, its matching timed (a budget of its own)."""
+def _one(item: Any, number: int, path: Path | None) -> Rule | OpRule:
+    """One rule from its declarative form, its matching timed (a budget of its own).
+
+    A rule read from a file (``path``) names the file in its messages.
+    """
     if isinstance(item, Rule):
         return item.timed()
     if isinstance(item, OpRule):
         return dataclasses.replace(item)
     if isinstance(item, Mapping):
-        return op_rule(item, number)
+        return op_rule(item, number, path=None if path is None else str(path))
     if (not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str)
             or not (item[1] is None or isinstance(item[1], str))):
         raise TorchgraftError(f"rule {number} {shown(item, 80)} is not a [pattern, "
                               "replacement] pair (replacement: a string, or null to drop the "
                               "key) nor an operation ({\"op\": ..., \"from\": ..., \"to\": ...})")
-    return Rule(item[0], item[1]).timed()
+    return Rule(item[0], item[1]).timed(what=f"rule {number}'s pattern", path=path)
 
 
-def _pairs(data: Any) -> Iterable[Rule | OpRule]:
+def _pairs(data: Any, path: Path | None = None) -> Iterable[Rule | OpRule]:
     if isinstance(data, Mapping):
         data = data.get("rules", data) if "rules" in data else list(data.items())
     if not isinstance(data, (list, tuple)):
         raise TorchgraftError("rules must be a list of [pattern, replacement] pairs "
                               "and operations, or a mapping of pattern to replacement")
     for number, item in enumerate(data, start=1):
-        yield _one(item, number)
+        yield _one(item, number, path)
 
 
 def _read_file(path: Path) -> Any:
@@ -118,7 +121,7 @@ def read_rules(spec: RulesSpec) -> Rules:
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         try:
-            rules = list(_pairs(_read_file(path)))
+            rules = list(_pairs(_read_file(path), path))
         except TorchgraftError as exc:  # a rule's message names the rule: and the file
             raise exc.located(path) from None
     else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..evidence import Guess, MatchStep
 from ..layouts import ops
-from ..layouts.conventions import role_parts
+from ..layouts.conventions import numbered, role_parts
 from ..layouts.fusion import FUSIONS
 from ..layouts.glu import GLU_ORDERS, PARTS_REORDERED
 from ..layouts.op_rules import Derivation
@@ -124,13 +124,31 @@ class Scopes:
             for b in _ancestors(module_s):
                 under_s.setdefault(b, []).append(module_t)
         # the root stands for the root (the models grafted), paired tensors or none
-        self.to_source = {"": ""} | {a: _common(paths) for a, paths in under_t.items()}
-        self.to_target = {"": ""} | {b: _common(paths) for b, paths in under_s.items()}
+        self.to_source = {"": ""} | {a: _lifted(a, _common(paths)) for a, paths in under_t.items()}
+        self.to_target = {"": ""} | {b: _lifted(b, _common(paths)) for b, paths in under_s.items()}
 
     def partners(self, path: str, *, target: bool) -> list[str]:
         """The other side's modules for the ancestors of ``path`` that have one, nearest first."""
         mapping = self.to_source if target else self.to_target
         return list(dict.fromkeys(mapping[a] for a in _ancestors(path) if a in mapping))
+
+
+def _numbered_prefix(path: str) -> str | None:
+    """A path up to its last numbered part (``layers.0.mlp`` -> ``layers.0``), if it has one."""
+    parts = path.split(".")
+    last = max((k for k, part in enumerate(parts) if numbered(part)), default=-1)
+    return ".".join(parts[: last + 1]) if last >= 0 else None
+
+
+def _lifted(module: str, partner: str) -> str:
+    """A block's partner: a block too.
+
+    The pairs under a block may all sit in one part of it (its MLP's), while the block holds
+    its attention as well.
+    """
+    if not module or not numbered(module.rpartition(".")[2]):
+        return partner
+    return _numbered_prefix(partner) or partner
 
 
 def _common(paths: list[str]) -> str:

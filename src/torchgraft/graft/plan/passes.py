@@ -63,7 +63,7 @@ from .infer import infer
 from .stacks import stacks
 from .state import PassState, renamed_info
 from .steps import Match, Plan, is_bookkeeping
-from .structure import align
+from .structure import Alignment, align
 from .transforms import decide, fits_for, takes
 
 __all__ = ["KEPT_VALUES", "PASSES", "computed_assumption", "run_passes"]
@@ -206,13 +206,19 @@ def _align(state: PassState, *, bare_apart: bool) -> None:
                       before={t: state.renamed.get(s, s) for t, s in pairs.items()})
     state.ambiguous = alignment.ambiguous
     state.take({t: back[s] for t, s in alignment.pairs.items()}, MatchStep.STRUCTURE)
+    _keep_guesses(state, alignment, back)
+
+
+def _keep_guesses(state: PassState, alignment: Alignment, back: dict[str, str]) -> None:
+    """The alignment's guesses, in the plan; an alternative tied to the choice is none."""
+    src, pairs = state.src, state.pairs
     owner = {name: src.ties.get(back[name], back[name]) for name in back}
     for target, guess in alignment.guesses.items():
         if state.how.get(target) != MatchStep.STRUCTURE:
             continue
         chosen = src.ties.get(pairs[target], pairs[target])
         others = tuple(a for a in guess.alternatives if owner.get(a, a) != chosen)
-        if others:  # one tensor under two names (tied) is no alternative
+        if others or not guess.alternatives:
             state.plan.guesses[target] = replace(guess, alternatives=others)
             if target in alignment.by_convention:
                 state.by_convention.add(target)

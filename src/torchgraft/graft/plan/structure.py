@@ -66,7 +66,7 @@ import numpy as np
 
 from ...text import few, quoted
 from ..evidence import Evidence, Guess
-from ..layouts.conventions import joined_role, numbered, role_parts, unit_of
+from ..layouts.conventions import joined_role, leaf_role, numbered, role_parts, unit_of
 from ..tensors import TensorInfo, natural_key, owner
 
 __all__ = ["Alignment", "align"]
@@ -141,14 +141,59 @@ def _paired(targets: list[TensorInfo],
     """Pair two modules' tensors; ``None`` if their counts differ.
 
     Tensors pair by leaf name (weight, bias...) when both modules use the same names, else in
-    order.
+    order, except that same-shape tensors whose leaves all have a role on both sides
+    (:func:`~torchgraft.graft.layouts.conventions.leaf_role`: ``gamma`` and ``weight`` scale)
+    pair by role.
     """
     if len(targets) != len(sources):
         return None
     by_leaf = {_leaf(s): s for s in sources}
     if {_leaf(t) for t in targets} == set(by_leaf):
         return [(t, by_leaf[_leaf(t)]) for t in targets]
-    return list(zip(targets, sources, strict=True))
+    pairs = list(zip(targets, sources, strict=True))
+    for members in _same_shape(targets):
+        roles_t = [leaf_role(_leaf(targets[k])) for k in members]
+        by_role = {leaf_role(_leaf(sources[k])): sources[k] for k in members}
+        if None not in by_role and len(by_role) == len(members) and set(roles_t) == set(by_role):
+            for k, role in zip(members, roles_t, strict=True):
+                pairs[k] = (targets[k], by_role[role])
+    return pairs
+
+
+def _same_shape(tensors: list[TensorInfo]) -> list[list[int]]:
+    """The positions of a module's tensors that share a shape with another of its tensors."""
+    classes: dict[tuple[tuple[int, ...], str | None], list[int]] = {}
+    for k, info in enumerate(tensors):
+        classes.setdefault((tuple(info.shape), info.kind), []).append(k)
+    return [members for members in classes.values() if len(members) > 1]
+
+
+def _told_apart(targets: list[TensorInfo], sources: list[TensorInfo], *,
+                ordered: bool) -> dict[str, tuple[str, ...]]:
+    """Target tensors of a module pair that only one signal told from a same-shape sibling.
+
+    Same-shape tensors of one module under other leaf names (``gamma`` and ``beta`` against
+    ``weight`` and ``bias``) are told apart by two signals at most: the order both sides
+    define them in (where the source's order is real, not recovered from sorted names) and the
+    roles of their leaves. Both, agreeing: evidence. One, or the two against each other: a
+    guess.
+
+    Returns:
+        Target key to the other source keys it could have been filled from.
+    """
+    paired = _paired(targets, sources) or []
+    if {_leaf(t) for t in targets} == {_leaf(s) for s in sources}:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for members in _same_shape(targets):
+        for k in members:
+            target, source = paired[k]
+            by_order = ordered and source is sources[k]
+            role = leaf_role(_leaf(target))
+            by_role = role is not None and role == leaf_role(_leaf(source))
+            if not (by_order and by_role):
+                found[target.name] = tuple(paired[m][1].name for m in members if m != k)
+    return found
 
 
 def _lcs_tables(match: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -911,18 +956,44 @@ class _Judge:
         for scope in _scopes(self.aligner.pairs, self.ua, self.ub):
             for i, others in self._swaps(scope).items():
                 found.setdefault(i, []).extend(j for j in others if j not in found[i])
-        votes: dict[str, Counter[str]] = {}
-        for i, j in self.aligner.pairs.items():
-            votes.setdefault(self.ua.block[i], Counter())[self.ub.block[j]] += 1
         for i, j in self.aligner.pairs.items():
             free = [k for k in self.free.get(self.ub.block[j], ())
                     if self._fits(i, k) and not self._role_rules_out(i, j, k)]
             if free:
                 found.setdefault(i, []).extend(free)
-            unit_votes = votes[self.ua.block[i]]
-            if unit_votes[self.ub.block[j]] < max(unit_votes.values()):
-                found.setdefault(i, [])  # its block's other modules went to another block
+        self._outvoted(found)
         return found
+
+    def _outvoted(self, found: dict[int, list[int]]) -> None:
+        """Pairs whose source block is not where the rest of their block went: guesses.
+
+        A target block's modules mostly pair into one source block; one paired into another
+        block is a guess, with the same-shape modules of the block the others went to as its
+        alternatives, and the target modules those fill have its partner as theirs (a swap
+        between two blocks is one guess seen from both of its pairs).
+        """
+        pairs = self.aligner.pairs
+        votes: dict[str, Counter[str]] = {}
+        for i, j in pairs.items():
+            votes.setdefault(self.ua.block[i], Counter())[self.ub.block[j]] += 1
+        holder = {j: i for i, j in pairs.items()}
+        members: dict[str, list[int]] = {}
+        for k, block in enumerate(self.ub.block):
+            members.setdefault(block, []).append(k)
+        for i, j in pairs.items():
+            unit_votes = votes[self.ua.block[i]]
+            most = max(unit_votes.values())
+            if unit_votes[self.ub.block[j]] >= most:
+                continue
+            mine = found.setdefault(i, [])
+            for block in (b for b, n in unit_votes.items() if n == most):
+                for k in members.get(block, ()):
+                    if k != j and k not in mine and self._fits(i, k):
+                        mine.append(k)
+                        other = holder.get(k)
+                        if other is not None and self._fits(other, j) and \
+                                j not in found.setdefault(other, []):
+                            found[other].append(j)
 
 
 def _fill_by_units(aligner: _Aligner, ua: _Units, ub: _Units,
@@ -1075,29 +1146,46 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     _fill_by_units(aligner, ua, ub, before or {})
     _repair(aligner.pairs, ua, ub)
     judge = _Judge(aligner, ua, ub, trust_conventions=trust_conventions)
-    result = _paired_tensors(aligner, judge.guesses(), judge.by_convention)
+    result = _paired_tensors(aligner, judge.guesses(), judge.by_convention,
+                             trust_conventions=trust_conventions)
     result.ambiguous = _ambiguous(aligner)
     return result
 
 
 def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
-                    by_convention: dict[int, str]) -> Alignment:
-    """The tensor pairs of the module pairs, each with its evidence."""
+                    by_convention: dict[int, str], *, trust_conventions: bool) -> Alignment:
+    """The tensor pairs of the module pairs, each with its evidence.
+
+    A pair of modules known by structure makes its tensors known too, except same-shape
+    tensors of the module under other leaf names that only one signal told apart, for a source
+    that is not a module (:func:`_told_apart`): guesses, each other's alternatives.
+    """
     a, b = aligner.a, aligner.b
     result = Alignment({})
     for i, j in aligner.pairs.items():
         found = [(t.name, s.name) for t, s in _paired(a[i].tensors, b[j].tensors) or ()]
         extra = {_leaf(s): s for s in b[j].bookkeeping}
         found += [(t.name, extra[_leaf(t)].name) for t in a[i].bookkeeping if _leaf(t) in extra]
+        siblings = {} if trust_conventions else _told_apart(
+            a[i].tensors, b[j].tensors, ordered=aligner.source_ordered)
         for target, source in found:
             result.pairs[target] = source
-            result.evidence[target] = Evidence.GUESS if i in guessed else Evidence.STRUCTURE
+            result.evidence[target] = Evidence.GUESS if i in guessed or target in siblings \
+                else Evidence.STRUCTURE
             if i in guessed:
                 result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2],
                                                 convention=by_convention.get(i))
                 if i in by_convention:
                     result.by_convention.add(target)
+            elif target in siblings:
+                result.guesses[target] = Guess(siblings[target], _SIBLING_TENSORS)
     return result
+
+
+#: Why same-shape tensors of one module are a guess.
+_SIBLING_TENSORS = ("same-shape tensors of one module under other names, told apart by one "
+                    "signal at most (the order a file stores them in, or the roles of their "
+                    "names)")
 
 
 def _ambiguous(aligner: _Aligner) -> dict[str, str]:

@@ -13,9 +13,10 @@ from typing import Any
 from ...atomic import atomic_path
 from ...errors import TorchgraftError
 from ..evidence import EXIT_CODES, SIBLINGS, Assumption, Caution, Evidence, Guess, Verdict
-from ..plan.steps import REINITIALISED, Plan, is_bookkeeping
+from ..plan.steps import REINITIALISED, Plan, PlanStep, is_bookkeeping
 from ..tensors import TensorInfo
 from .html import describe, render_html
+from .rules import rules_of
 from .summary import as_text, detail_rows, summary_rows
 
 __all__ = ["GraftError", "GraftReport"]
@@ -178,6 +179,31 @@ class GraftReport:
         self.missing += [key for key in reasons if key not in known]
         self.reasons.update(reasons)
 
+    def take_paired(self, steps: Mapping[str, PlanStep], used: Iterable[str], why: str) -> None:
+        """Record missing keys filled after the plan ran (a search paired them): guesses.
+
+        Args:
+            steps: Target key to the step that filled it.
+            used: The source keys they read (no longer unused).
+            why: How they were paired.
+        """
+        for key, step in steps.items():
+            if key not in self.mapping:
+                self.loaded.append(key)
+            self.mapping[key] = step.source
+            self.matched_by[key] = step.matched_by
+            self.evidence[key] = Evidence.GUESS
+            self.guesses[key] = Guess((), why)
+            self.reasons.pop(key, None)
+            done = step.describe()
+            if done:
+                self.adapted[key] = done
+        self.missing = [k for k in self.missing if k not in steps]
+        gone = set(used)
+        self.unused = [k for k in self.unused if k not in gone]
+        for key in gone:
+            self.reasons.pop(key, None)
+
     def mark_verified(self) -> None:
         """Outputs were compared equal: every loaded key is ``verified``, no guess is left.
 
@@ -284,6 +310,36 @@ class GraftReport:
         with atomic_path(destination, overwrite=True) as temporary:
             temporary.write_text(render_html(self), encoding="utf-8")
         return destination
+
+    def to_rules(self, path: str | os.PathLike[str] | None = None) -> list[Any]:
+        """What this graft did, as rules that do it again with no search (``rules=``).
+
+        Operation rules make each tensor the model needs under its own key (fused rows taken
+        apart in the layout found, rotary rows, transposes), renaming rules name the rest: fed
+        back (``tg.graft(source, model, rules=...)``, CLI ``--rules FILE``), every key is
+        filled by name, as the user said, and the graft is ok by rule. A way to keep and share
+        a conversion between two code bases.
+
+        Args:
+            path: Where to write them as a rules file (JSON: ``{"rules": [...]}``), if given.
+
+        Returns:
+            The rules, in the order they apply.
+
+        Raises:
+            TorchgraftError: If the report holds no plan (one made by hand).
+        """
+        if self.plan is None:
+            raise TorchgraftError("this report holds no plan: only a graft's report (tg.graft) "
+                                  "can be written as rules")
+        rules = rules_of(self.plan)
+        if path is not None:
+            data = {"about": f"torchgraft rules: {self.headline()}; fed back with rules= "
+                             "(CLI: --rules FILE), every key is filled by its name",
+                    "rules": rules}
+            with atomic_path(Path(path), overwrite=True) as temporary:
+                temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        return rules
 
     def to_json(self, **kwargs: Any) -> str:
         """Return the report as JSON text (``kwargs`` go to ``json.dumps``)."""

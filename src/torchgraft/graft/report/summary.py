@@ -21,7 +21,8 @@ from ...units import plural
 if TYPE_CHECKING:
     from .report import GraftReport
 
-__all__ = ["COUNTED", "DETAILS_HINT", "SHOWN", "Row", "as_text", "detail_rows", "summary_rows"]
+__all__ = ["COUNTED", "DETAILS_HINT", "KEPT", "SHOWN", "Row", "as_text", "detail_rows",
+           "summary_rows"]
 
 #: ``(status, subject, detail)``: a key (or a module, or a count) and what happened to it; notes
 #: have no subject.
@@ -32,6 +33,8 @@ Row = tuple[str, str, str]
 COUNTED = ("wrapper", "prefix", "rule", "layout", "structure", "base", "init")
 #: At most this many rows of each status in a summary; one more row counts the rest.
 SHOWN = 5
+#: How a hypothesis that was kept ends in ``report.tried``.
+KEPT = "made it agree: kept"
 #: Where the summary says every key is listed (the command line says ``--details``).
 DETAILS_HINT = "report.details() lists every key"
 
@@ -137,8 +140,13 @@ def _notes(report: GraftReport, *, short: bool) -> list[Row]:
     """Assumptions, what settling kept and tried, warnings, then how to settle."""
     rows: list[Row] = [("assumed", "", a.describe()) for a in report.assumptions]
     rows += [("settled", "", s) for s in report.settled]
-    tried: list[Row] = [("tried", "", t) for t in report.tried]
-    rows += _capped("tried", tried, "hypothesis", "hypotheses")[0] if short else tried
+    if short and report.tried:
+        kept = sum(1 for t in report.tried if t.endswith(KEPT))
+        rows.append(("tried", "", f"{plural(len(report.tried), 'hypothesis', 'hypotheses')} "
+                                  f"where outputs diverged, {kept} kept (each in "
+                                  "report.tried)"))
+    elif not short:
+        rows += [("tried", "", t) for t in report.tried]
     rows += [("warning", "", w) for w in report.warnings]
     if report.settle():
         rows.append(("settle", "", report.settle()))

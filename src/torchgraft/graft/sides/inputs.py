@@ -18,6 +18,7 @@ tensor of a shape the user states (the command line's ``--input-shape``).
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,21 +28,63 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import TorchgraftError
+from ...errors import TorchgraftError, shown
 
-__all__ = ["AUDIO_LENGTHS", "IMAGE_SIZES", "ROLES", "InputRole", "Inputs", "bind", "by_role",
+__all__ = ["AUDIO_LENGTHS", "IMAGE_SIZES", "MAX_INPUT_BYTES", "ROLES", "InputRole", "Inputs",
+           "bind", "by_role",
            "describe_inputs", "from_config", "from_modules", "of_shape", "read_inputs"]
 
 #: Config keys, searched at the top and in sub-configs (``text_config``...), first found wins.
 Config = Mapping[str, Any]
 
 
-def _find(config: Config, *keys: str) -> Any:
-    for scope in (config, *(v for v in config.values() if isinstance(v, Mapping))):
+def _found(config: Config, *keys: str) -> tuple[str, Any] | None:
+    """The first of ``keys`` the config or a sub-config sets (a number or a list).
+
+    Returns:
+        The entry's name (``vision_config.image_size``) and its value; ``None`` if none is set.
+    """
+    scopes = [("", config), *((f"{k}.", v) for k, v in config.items() if isinstance(v, Mapping))]
+    for prefix, scope in scopes:
         for key in keys:
             if isinstance(scope.get(key), (int, list, tuple)) and scope.get(key):
-                return scope[key]
+                return f"{prefix}{key}", scope[key]
     return None
+
+
+#: The most bytes one generated input may take: a few of its kind (SAM's 1024 x 1024 images
+#: are 12 MiB); a config claiming more (``image_size: 100000``, 120 GB) is refused.
+MAX_INPUT_BYTES = 16 << 20
+
+
+def _named(entries: list[tuple[str, Any]]) -> str:
+    return ", ".join(f"'{key}' {shown(value, 40)}" for key, value in entries)
+
+
+def _whole(what: str, sizes: tuple[Any, ...], entries: list[tuple[str, Any]]) -> None:
+    """Refuse sizes of a generated input that are not whole numbers from 1.
+
+    The error names the config's entries that give them.
+    """
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+        raise TorchgraftError(f"{_named(entries)} would size generated {what} "
+                              f"{shown(sizes, 80)}: sizes are whole numbers from 1")
+
+
+def _sized(what: str, shape: tuple[Any, ...], entries: list[tuple[str, Any]]) -> tuple[int, ...]:
+    """The shape of an input a config sizes, checked against :data:`MAX_INPUT_BYTES`.
+
+    Raises:
+        TorchgraftError: Naming the config's entries that size it.
+    """
+    _whole(what, shape, entries)
+    nbytes = math.prod(shape) * 4  # float32
+    if nbytes > MAX_INPUT_BYTES:
+        raise TorchgraftError(
+            f"{_named(entries)} would make generated {what} of shape {shape} ({nbytes:,} "
+            f"bytes): more than the {MAX_INPUT_BYTES >> 20} MiB an input generated to compare "
+            "outputs may take; give inputs (example_inputs=, CLI: --inputs FILE)")
+    return shape
 
 
 #: Contexts up to this long are generated whole: CLIP's text context.
@@ -49,33 +92,40 @@ _FULL_CONTEXT = 77
 
 
 def _tokens(config: Config, generator: torch.Generator) -> torch.Tensor | None:
-    vocab = _find(config, "vocab_size", "n_vocab")
-    if not isinstance(vocab, int):
+    vocab = _found(config, "vocab_size", "n_vocab")
+    if vocab is None or not isinstance(vocab[1], int):
         return None
-    limit = _find(config, "max_position_embeddings", "n_positions", "max_target_positions",
-                  "n_ctx", "context_length")
+    limit = _found(config, "max_position_embeddings", "n_positions", "max_target_positions",
+                   "n_ctx", "context_length")
     # a short context is filled (OpenAI's CLIP takes exactly its 77 positions); a long one is
     # sampled with 8 tokens
-    length = limit if isinstance(limit, int) and limit <= _FULL_CONTEXT else 8
-    return torch.randint(0, vocab, (1, length), generator=generator)
+    length = limit[1] if limit is not None and isinstance(limit[1], int) and \
+        limit[1] <= _FULL_CONTEXT else 8
+    _whole("token ids", (length, vocab[1]), [e for e in (vocab, limit) if e is not None])
+    return torch.randint(0, vocab[1], (1, length), generator=generator)
 
 
 def _pixels(config: Config, generator: torch.Generator) -> torch.Tensor | None:
-    size = _find(config, "image_size", "img_size")
-    if size is None and _find(config, "num_channels", "in_chans") is None:
+    size = _found(config, "image_size", "img_size")
+    if size is None and _found(config, "num_channels", "in_chans") is None:
         return None
-    size = size or 64  # a convolutional network takes any size: 64 goes through 5 strides
-    height, width = (size, size) if isinstance(size, int) else tuple(size)[-2:]
-    channels = _find(config, "num_channels", "in_chans", "in_channels") or 3
-    return torch.randn(1, int(channels), int(height), int(width), generator=generator)
+    channels = _found(config, "num_channels", "in_chans", "in_channels")
+    value = size[1] if size is not None else 64  # a convolutional network takes any size
+    sides = (value, value) if not isinstance(value, (list, tuple)) else tuple(value)[-2:]
+    shape = _sized("pixel values", (1, channels[1] if channels else 3, *sides),
+                   [e for e in (channels, size) if e is not None])
+    return torch.randn(shape, generator=generator)
 
 
 def _audio(config: Config, generator: torch.Generator) -> torch.Tensor | None:
-    bins = _find(config, "num_mel_bins", "n_mels")
-    positions = _find(config, "max_source_positions", "n_audio_ctx")
-    if not isinstance(bins, int) or not isinstance(positions, int):
+    bins = _found(config, "num_mel_bins", "n_mels")
+    positions = _found(config, "max_source_positions", "n_audio_ctx")
+    if bins is None or positions is None or not all(
+            isinstance(e[1], int) for e in (bins, positions)):
         return None
-    return torch.randn(1, bins, 2 * positions, generator=generator)  # two stride-2 convolutions
+    shape = _sized("audio features", (1, bins[1], 2 * positions[1]),  # two stride-2 convolutions
+                   [bins, positions])
+    return torch.randn(shape, generator=generator)
 
 
 @dataclass(frozen=True)
@@ -109,18 +159,28 @@ class Inputs(dict[str, torch.Tensor]):
     """
 
 
-def from_config(config: Config, *, seed: int = 0) -> Inputs:
+def from_config(config: Config, *, seed: int = 0, path: Path | None = None) -> Inputs:
     """One small batch of every input a config describes, from a fixed seed.
+
+    Each is at most :data:`MAX_INPUT_BYTES`.
 
     Args:
         config: A model config (a transformers ``config.json``'s content).
         seed: The generator's seed.
+        path: The config's file, named in errors.
 
     Returns:
         Role name to tensor: token ids in range, pixel values of the right size...
+
+    Raises:
+        TorchgraftError: If the config sizes an input past the bound, or not in whole numbers,
+            naming its entries (and the file).
     """
     generator = torch.Generator().manual_seed(seed)
-    made = {role.name: role.make(config, generator) for role in ROLES}
+    try:
+        made = {role.name: role.make(config, generator) for role in ROLES}
+    except TorchgraftError as exc:
+        raise exc if path is None else exc.located(path) from None
     return Inputs({name: tensor for name, tensor in made.items() if tensor is not None})
 
 
