@@ -66,7 +66,7 @@ def floor_read(path: Path) -> float:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from torchgraft.graft.fill.execute import READERS
+    from torchgraft.io.reads import READERS
 
     size = path.stat().st_size
     buffer = torch.ones(size, dtype=torch.uint8)  # touched before the clock starts

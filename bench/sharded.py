@@ -2,11 +2,14 @@
 
 Target (issues: sharded grafts, 28): each rank's peak memory for the load at most
 1.2 x (file size / ranks) + the largest adapted tensor (none here: the names match, or differ
-by DataParallel's ``module.``), reading about its share of the file, from a safetensors file
-and from a ``.pt`` of a DataParallel state dict. The model is ``--layers`` x
-``Linear(1024, 1024)`` (4 MiB each; 256 layers: a 1 GiB file), built on the meta device and
-wrapped with ``fully_shard`` (gloo, CPU). Sides, each a fresh ``torch.distributed.run`` launch
-with the page cache warmed first, alternating:
+by DataParallel's ``module.``), reading about its share of the file, from a safetensors file,
+from a ``.pt`` of a DataParallel state dict, and from a ``.pt`` whose tensors were saved
+transposed (``w.t()``: column-major strides; each rank read them whole through the file's
+mapping, 386 MiB per rank for a 256 MiB file on 2 ranks, until issue 34: now 151 / 142 MiB,
+bound 154, on the 2-core development machine under load 5, ``--layers 64 --ranks 2``). The
+model is ``--layers`` x ``Linear(1024, 1024)`` (4 MiB each; 256 layers: a 1 GiB file), built
+on the meta device and wrapped with ``fully_shard`` (gloo, CPU). Sides, each a fresh
+``torch.distributed.run`` launch with the page cache warmed first, alternating:
 
 * ``torchgraft``: ``tg.graft(path, model)``; every rank reads its rows of every tensor;
 * ``broadcast``: torch's ``set_model_state_dict(model, <the whole file read on rank 0>,
@@ -49,32 +52,18 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-from harness import linears, peak_rss, warm  # noqa: E402
+from harness import (  # noqa: E402
+    linears,
+    peak_rss,
+    peak_since_reset,
+    reset_peak,
+    rss_now,
+    warm,
+)
 
 METHODS = ("torchgraft", "broadcast", "hf_reader")
-FILES = {"safetensors": "model.safetensors", "pt": "dp.pt"}
+FILES = {"safetensors": "model.safetensors", "pt": "dp.pt", "pt_transposed": "transposed.pt"}
 MiB = 1 << 20
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> bool:
-    """Start this process's high-water mark again from its RSS now (Linux 4.0+)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _peak() -> int:
-    """This process's high-water mark since :func:`_reset_peak` (``VmHWM``)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
 
 def _rchar() -> int:
@@ -105,8 +94,8 @@ def load(method: str, path: Path, layers: int) -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     # the sharded meta model, before any weight; the high-water mark counts from here
-    hwm = _reset_peak()
-    before, read_before = _rss(), _rchar()
+    hwm = reset_peak()
+    before, read_before = rss_now(), _rchar()
     if method == "torchgraft":
         assert tg.graft(path, model, strict=path.suffix == ".safetensors").ok
     elif method == "broadcast":
@@ -134,10 +123,10 @@ def load(method: str, path: Path, layers: int) -> None:
                 for p in model.parameters() if isinstance(p, DTensor))
     dist.barrier()
     seconds = time.perf_counter() - start
-    loaded = (_peak() if hwm else peak_rss()) - before
+    loaded = (peak_since_reset() if hwm else peak_rss()) - before
     with torch.no_grad():
         model(torch.randn(2, 1024))
-    ran = (_peak() if hwm else peak_rss()) - before
+    ran = (peak_since_reset() if hwm else peak_rss()) - before
     mine = {"peak": loaded, "ran": ran, "read": _rchar() - read_before, "sum": local}
     every: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
     dist.all_gather_object(every, mine)
@@ -207,6 +196,8 @@ def main() -> None:
         model = linears(args.layers)
         save_model(model, str(folder / FILES["safetensors"]))
         torch.save(nn.DataParallel(model).state_dict(), folder / FILES["pt"])
+        torch.save({k: v.t().contiguous().t() for k, v in model.state_dict().items()},
+                   folder / FILES["pt_transposed"])  # saved transposed: column-major strides
         del model
         size = (folder / FILES["safetensors"]).stat().st_size
         print(f"file {size / MiB:.0f} MiB, {args.layers} tensors of 4 MiB; "

@@ -11,6 +11,16 @@ figure is the median of the per-pair ratios. The model is built before the clock
 graft's own steps are timed by wrapping them (open, describe the model, plan, materialise,
 execute, report).
 
+Issue 34 asks for at most 1.5x on the 100k layout. On the 2-core development machine (shared,
+load 5 to 7), 2026-11-28, fresh processes, main (79361bb) and this branch alternating, five
+pairs: main 2.72x ``load_file`` (median of per-run ratios), issue 34's branch 1.98x; per pair
+0.77x main's time (two more runs of five pairs against main cca8325: 0.93x and 0.80x; the
+per-run ratios to ``load_file`` ranged 1.8x to 4.3x under that load). Not yet the 1.5x. A
+py-spy profile of the graft (200 Hz) shows no single step to cut: opening the file 33% (the
+header's JSON and its checks 12%, one lazy tensor and its guard per key 10%), planning 28%
+(passes over every key), materialising the meta model 14% (a mapped view and a Parameter per
+key), describing the model 11%, the rest under 5% each.
+
 Run: python bench/tensor_count.py [--repeat 3] [--sizes 3k 25k 100k]
 """
 

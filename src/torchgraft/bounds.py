@@ -196,13 +196,16 @@ def parse_json(data: bytes | str, *, what: str, path: str | Path | None = None) 
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise CorruptCheckpointError(f"{what} is not valid JSON ({brief(exc)})",
                                      path=path) from None
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, (dict, list)):
-            check_nesting(depth, what=f"{what}'s arrays and objects", path=path)
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
+    # level by level (json makes plain dicts and lists): a safetensors header of 100k tensors
+    # is 300k containers, walked in one comprehension per level, not a generator per node
+    level = [value] if type(value) in (dict, list) else []
+    depth = 0
+    while level:
+        depth += 1
+        check_nesting(depth, what=f"{what}'s arrays and objects", path=path)
+        level = [child for node in level
+                 for child in (node.values() if type(node) is dict else node)
+                 if type(child) is dict or type(child) is list]
     return value
 
 

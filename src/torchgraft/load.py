@@ -8,6 +8,8 @@ import torch
 
 from .checkpoint import OpenOptions, open_with
 from .devices import DeviceMap, DeviceSpec
+from .io.reads import plan_read, read_all
+from .meta import parse_dtype
 
 __all__ = ["load"]
 
@@ -32,11 +34,26 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = "cpu",
 
     Returns:
         Weight name to tensor, in stored order. CPU tensors may be memory-mapped
-        (copy-on-write) from the file.
+        (copy-on-write) from the file; tensors for an accelerator are read onto it by a pool
+        of readers through pinned staging buffers (:func:`~torchgraft.io.reads.read_all`),
+        host memory bounded by those buffers.
 
     Raises:
         TorchgraftError: Any failure, naming the file.
     """
     devices = DeviceMap(device)
+    cast = parse_dtype(dtype) if dtype else None
     with open_with(path, OpenOptions(unsafe, weights_key, component, follow_links)) as ckpt:
-        return {name: ckpt.get(name, devices, dtype=dtype) for name in ckpt.keys()}
+        loaded: dict[str, torch.Tensor] = {}
+        reads = []
+        for name, ref in ckpt.tensor_refs().items():
+            where = devices.target(ref.meta.device, name=name, path=ckpt.path)
+            if where.type in ("cpu", "meta"):
+                loaded[name] = ckpt.get(name, devices, dtype=cast)
+                continue
+            meta = ref.meta
+            loaded[name] = torch.empty(meta.shape, device=where, dtype=cast if cast and
+                                       meta.dtype.is_floating_point else meta.dtype)
+            reads.append(plan_read(name, ref, loaded[name]))
+        read_all(reads)
+        return loaded

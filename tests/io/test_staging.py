@@ -1,8 +1,13 @@
-"""Filling accelerator tensors through staging buffers: the pipeline, run on the CPU here."""
+"""Grafts and loads through the staging ring: a cast on the CPU here, pinned towards a GPU.
+
+The GPU cases run where CUDA is present (``scripts/gpu_check.sh``); the same pipeline runs on
+the CPU in CI whenever the target's dtype is not the stored one.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -10,55 +15,104 @@ from safetensors.torch import save_file
 from torch import nn
 
 import torchgraft as tg
-from torchgraft.io.staging import StagedFiller
+from torchgraft.io import reads as reads_module
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-def _state() -> dict[str, torch.Tensor]:
+def _rings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """Record each reader's staging ring made: (buffers, buffer bytes, pinned)."""
+    made: list[tuple[int, int, bool]] = []
+    ring = reads_module._ring
+
+    def recorded(count: int, buffer_bytes: int, pinned: bool) -> torch.Tensor:
+        made.append((count, buffer_bytes, pinned))
+        return ring(count, buffer_bytes, pinned)
+
+    monkeypatch.setattr(reads_module, "_ring", recorded)
+    return made
+
+
+def _source() -> nn.Module:
     torch.manual_seed(0)
-    return {"small": torch.randn(8, 4), "rows": torch.randn(300, 16),
-            "half": torch.randn(40, 40).half(), "scalar": torch.tensor(3.5),
-            "wide": torch.randn(2, 600)}
+    return nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10))
 
 
-@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
-def test_every_tensor_arrives_whole_through_small_buffers(tmp_path: Path, suffix: str) -> None:
-    path = tmp_path / f"w{suffix}"
-    state = _state()
-    if suffix == ".pt":
-        torch.save(state, path)
-    else:
-        save_file(state, path)
-    filler = StagedFiller(torch.device("cpu"), buffer_bytes=1024, buffers=2, pin=False)
-    with tg.open(path) as ckpt:
-        refs = ckpt.tensor_refs()
-        outs = {k: torch.zeros_like(v) for k, v in state.items()}
-        for key, ref in refs.items():
-            filler.fill(ref, outs[key])
-    filler.finish()
-    for key, value in state.items():
-        assert torch.equal(outs[key], value), key
-    # 'rows' (19 KiB) went through in row slices; 'wide' rows exceed a buffer: read whole
-    assert filler.staged > len(state)
+def _written(source: nn.Module, folder: Path, kind: str) -> Path:
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    if kind == "pt":
+        torch.save(state, folder / "m.pt")
+        return folder / "m.pt"
+    if kind == "sharded":
+        import json
+
+        keys = list(state)
+        files = {"model-00001-of-00002.safetensors": keys[:2],
+                 "model-00002-of-00002.safetensors": keys[2:]}
+        for name, part in files.items():
+            save_file({k: state[k] for k in part}, folder / name)
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: f for f, part in files.items() for k in part}}))
+        return folder
+    save_file(state, folder / "m.safetensors")
+    return folder / "m.safetensors"
 
 
-def test_a_failed_read_is_an_error_naming_the_key(tmp_path: Path) -> None:
-    path = tmp_path / "w.safetensors"
-    save_file(_state(), path)
-    with tg.open(path) as ckpt:
-        refs = ckpt.tensor_refs()
-        path.write_bytes(path.read_bytes()[:200])  # truncated under the open checkpoint
-        filler = StagedFiller(torch.device("cpu"), buffer_bytes=1024, pin=False)
-        with pytest.raises(tg.CorruptCheckpointError, match="rows"):
-            filler.fill(refs["rows"], torch.zeros(300, 16))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_graft_into_a_cuda_model_through_pinned_buffers(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    source = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10))
-    tg.save(source, tmp_path / "m.safetensors")
-    target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).cuda()
-    assert tg.graft(tmp_path / "m.safetensors", target, strict=True).ok
+def _same(target: nn.Module, source: nn.Module, device: str) -> None:
     for (name, a), b in zip(target.state_dict().items(), source.state_dict().values(),
                             strict=True):
-        assert a.is_cuda and torch.equal(a.cpu(), b), name
+        assert a.device.type == device and torch.equal(a.cpu(), b.to(a.dtype)), name
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "pt", "sharded"])
+def test_the_ring_on_the_cpu_fills_a_graft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           kind: str) -> None:
+    """A cast sent through the ring as a device target is (on the CPU it is read from the
+    file's mapping, one pass: see the twin below)."""
+    source = _source()
+    made = _rings(monkeypatch)
+    monkeypatch.setattr(reads_module, "_staged", lambda read: not read.direct)
+    target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).double()
+    assert tg.graft(_written(source, tmp_path, kind), target, strict=True).ok
+    _same(target, source, "cpu")
+    assert made and not any(pinned for _, _, pinned in made)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_on_the_cpu_no_ring_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    dtype: torch.dtype) -> None:
+    """The twin: read straight into the parameters, or cast from the file's mapping."""
+    source = _source()
+    made = _rings(monkeypatch)
+    target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10)).to(dtype)
+    assert tg.graft(_written(source, tmp_path, "safetensors"), target, strict=True).ok
+    _same(target, source, "cpu")
+    assert made == []
+
+
+@GPU
+@pytest.mark.parametrize("kind", ["safetensors", "pt", "sharded"])
+@pytest.mark.parametrize("meta", [False, True])
+def test_graft_into_a_cuda_model_through_pinned_buffers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, meta: bool) -> None:
+    source = _source()
+    made = _rings(monkeypatch)
+    with torch.device("meta" if meta else "cuda"):
+        target = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 10))
+    options: dict[str, Any] = {"device": "cuda"} if meta else {}
+    assert tg.graft(_written(source, tmp_path, kind), target, strict=True, **options).ok
+    _same(target, source, "cuda")
+    assert made and all(pinned for _, _, pinned in made)
+
+
+@GPU
+@pytest.mark.parametrize("kind", ["safetensors", "pt", "sharded"])
+def test_load_onto_cuda_through_pinned_buffers(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               kind: str) -> None:
+    source = _source()
+    made = _rings(monkeypatch)
+    loaded = tg.load(_written(source, tmp_path, kind), device="cuda", dtype=torch.bfloat16)
+    for key, value in source.state_dict().items():
+        assert loaded[key].is_cuda and torch.equal(loaded[key].cpu(), value.bfloat16()), key
+    assert made and all(pinned for _, _, pinned in made)

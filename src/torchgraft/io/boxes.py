@@ -14,7 +14,7 @@ from itertools import product
 
 import torch
 
-__all__ = ["box_reader", "box_runs"]
+__all__ = ["box_reader", "box_runs", "permuted_reader", "storage_order"]
 
 
 def box_runs(shape: tuple[int, ...], itemsize: int, start: tuple[int, ...],
@@ -66,5 +66,53 @@ def box_reader(shape: tuple[int, ...], dtype: torch.dtype,
         for offset, nbytes in box_runs(shape, dtype.itemsize, start, tuple(out.shape)):
             read_at(offset, flat[done:done + nbytes])
             done += nbytes
+
+    return read_box
+
+
+def storage_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The order of dimensions in which a strided tensor is stored contiguously, if any.
+
+    A transposed (or otherwise permuted) tensor saved as it was, such as ``w.t()`` or a
+    channels-last image batch, is a row-major tensor whose dimensions were reordered: its
+    blocks are still runs of bytes, in that order.
+
+    Args:
+        shape: The tensor's shape.
+        stride: Its strides, in elements.
+
+    Returns:
+        The dimensions from the outermost in storage to the innermost; ``None`` where the
+        tensor has gaps or overlaps (no permutation makes it contiguous).
+    """
+    order = tuple(sorted(range(len(shape)), key=lambda d: -stride[d]))
+    permuted = torch.empty_strided(shape, stride, device="meta").permute(order)
+    return order if permuted.is_contiguous() else None
+
+
+def permuted_reader(shape: tuple[int, ...], dtype: torch.dtype, order: tuple[int, ...],
+                    read_at: Callable[[int, torch.Tensor], None],
+                    ) -> Callable[[tuple[int, ...], torch.Tensor], None]:
+    """A :meth:`~torchgraft.meta.TensorRef.read_box` for a tensor stored in ``order``.
+
+    The block is read as a block of the stored (permuted) tensor, only its bytes, into a
+    buffer of the block's size, then put back in the tensor's own order.
+
+    Args:
+        shape: The tensor's shape.
+        dtype: Its dtype.
+        order: Its dimensions in storage order (:func:`storage_order`).
+        read_at: As for :func:`box_reader`.
+
+    Returns:
+        A function filling a tensor (the block's shape, any layout) from the block at an index.
+    """
+    stored = box_reader(tuple(shape[d] for d in order), dtype, read_at)
+    back = tuple(order.index(d) for d in range(len(order)))
+
+    def read_box(start: tuple[int, ...], out: torch.Tensor) -> None:
+        block = torch.empty(tuple(out.shape[d] for d in order), dtype=dtype)
+        stored(tuple(start[d] for d in order), block)
+        out.copy_(block.permute(back))
 
     return read_box

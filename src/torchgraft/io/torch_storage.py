@@ -12,7 +12,7 @@ import torch
 from ..errors import CorruptCheckpointError, shown
 from ..meta import TensorMeta, TensorRef
 from ..safe_pickle import StorageType
-from .boxes import box_reader
+from .boxes import box_reader, permuted_reader, storage_order
 from .source import ByteSource, FileSource, check_view, contiguous_strides, strided
 
 __all__ = ["Storage", "StorageTensors", "text"]
@@ -131,10 +131,17 @@ class StorageTensors(ABC):
             cast(FileSource, self.source).read_into(located[0] + start, out,
                                                     what=f"storage '{storage.key}'")
 
-        direct = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
-                  and stride == contiguous_strides(size) and self.stored_plainly(storage))
-        return TensorRef(TensorMeta.of(size, view_dtype, storage.location), read,
-                         read_into if direct else None,
-                         alias_key=(id(self), storage, offset, size, stride, view_dtype),
+        plain = (isinstance(self.source, FileSource) and view_dtype == storage.dtype
+                 and self.stored_plainly(storage))
+        direct = plain and stride == contiguous_strides(size)
+        meta = TensorMeta.of(size, view_dtype, storage.location)
+        alias = (id(self), storage, offset, size, stride, view_dtype)
+        order = storage_order(size, stride) if plain and not direct else None
+        if order is not None:  # saved transposed: its blocks read as such, never mapped
+            box = permuted_reader(size, view_dtype, order, read_at)
+            whole = (0,) * len(size)
+            return TensorRef(meta, read, lambda out: box(whole, out), alias_key=alias,
+                             read_box=box)
+        return TensorRef(meta, read, read_into if direct else None, alias_key=alias,
                          span=span if direct else None,
                          read_box=box_reader(size, view_dtype, read_at) if direct else None)

@@ -381,6 +381,16 @@ def test_a_config_sizing_its_model_past_the_checkpoint_is_refused_before_buildin
     assert any(f"'{entry}' is 100000" in w for w in report.warnings), report.warnings
 
 
+def test_a_size_per_stage_is_checked_size_by_size(llama_folder: Path, tmp_path: Path) -> None:
+    """A list of sizes (EfficientNet's in_channels, a size per stage) is checked element by
+    element: one past the checkpoint is refused; the control, all within it, is not."""
+    refused = _claiming(llama_folder, tmp_path / "claims", {"in_channels": [16, 100_000]})
+    with pytest.raises(tg.TorchgraftError, match=r"'in_channels' is \[16, 100000\], more than"):
+        tg.graft(refused, hf_llama(), verify=True)
+    within = _claiming(llama_folder, tmp_path / "within", {"in_channels": [16, 8]})
+    assert not any("in_channels" in w for w in tg.graft(within, hf_llama()).warnings)
+
+
 def test_a_config_sizing_its_model_as_the_checkpoint_does_verifies(llama_folder: Path,
                                                                    tmp_path: Path) -> None:
     # the control: the true config, and one whose entries say what the checkpoint holds

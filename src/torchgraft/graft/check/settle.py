@@ -28,6 +28,7 @@ from ...errors import TorchgraftError
 from ...logs import IN_REPORT
 from ...meta import TensorRef
 from ...text import few
+from ..evidence import MatchStep
 from ..layouts.conventions import unit_of
 from ..layouts.ops import RotaryRows
 from ..plan.adapt import reversible
@@ -131,6 +132,10 @@ class _Search:
                 prefix = ".".join(parts[:k])
                 self.counts[prefix] = self.counts.get(prefix, 0) + 1
 
+    def _ruled(self, keys: Iterable[str]) -> bool:
+        """Whether the user's rules named any of these keys (as the user said: never searched)."""
+        return any(self.view.steps[k].matched_by == MatchStep.RULE for k in keys)
+
     def _own_dimensions(self, scope: str) -> list[Dimension]:
         """A scope's decision points: its loaded keys (the whole model's: those outside blocks)."""
         keys = [k for k in self.view.steps if (k.startswith(f"{scope}.") if scope
@@ -190,7 +195,9 @@ class _Search:
                        if scope == moved_key(kept_scope, block, other)]
             usable = [c for c in earlier if all(k in self.view.steps for k in c.keys)]
             elsewhere = lookalikes(watched, self.shapes, self.everywhere) if not scope else []
-            return [*([usable] if usable else []), *self._own_dimensions(scope), *elsewhere]
+            found = [*([usable] if usable else []), *self._own_dimensions(scope), *elsewhere]
+            kept = [[c for c in dimension if not self._ruled(c.keys)] for dimension in found]
+            return [dimension for dimension in kept if dimension]
         return found
 
     def _spread(self, scope: str, choice: Choice, source: Run, reference: Reference,

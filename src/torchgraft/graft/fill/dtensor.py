@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 from ...errors import TorchgraftError, UnsupportedModelError
+from ...io.reads import READERS
 from ...meta import TensorRef
 from ..layouts import ops
 from ..plan.adapt import Init, Op, Rows, Step, applied, fresh_values
 from ..plan.steps import Plan, PlanStep
 from ..sides.walk import ModelTensors
-from .execute import READERS
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -225,11 +225,22 @@ def _fill(step: PlanStep, ref: TensorRef, start: tuple[int, ...], local: torch.T
             part = applied(op, part, part)
         local.copy_(part)
     else:
-        tensor = ref.read()
+        tensor = _read_whole(ref)
         with _seeded(step.target):
             for op in step.ops:
                 tensor = applied(op, tensor, whole)
         local.copy_(_cut(tensor, start, size))
+
+
+def _read_whole(ref: TensorRef) -> torch.Tensor:
+    """The whole source tensor in memory of its own, read rather than mapped.
+
+    Freed once adapted: a rank's memory never keeps the pages of every tensor it adapted (a
+    mapping keeps them resident until the file is closed).
+    """
+    tensor = torch.empty(ref.meta.shape, dtype=ref.meta.dtype)
+    ref.read_into(tensor)
+    return tensor
 
 
 def _read_plain(step: PlanStep, ref: TensorRef, tensor: DTensor) -> None:

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 
-from ...io.reads import plan_read, read_all
-from ...io.staging import StagedFiller
+from ...io.reads import READERS, plan_read, read_all
 from ...meta import TensorRef
 from ..plan.adapt import Step, applied, fresh_values
 from ..plan.steps import Plan, PlanStep
 
-__all__ = ["READERS", "execute_plan"]
+__all__ = ["ADAPTED_BYTES", "execute_plan"]
 
-#: Threads reading plain copies at once.
-READERS = min(4, os.cpu_count() or 1)
+#: Bytes of source tensors held on an accelerator at once while their adaptations run there.
+ADAPTED_BYTES = 256 * 1024 * 1024
 
 logger = logging.getLogger("torchgraft")
 
@@ -27,14 +25,15 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
                  assigned: Collection[str] = ()) -> None:
     """Fill the target tensors in place; give re-initialised ones fresh values.
 
-    A plain copy into a contiguous CPU tensor of the same dtype reads the file straight into
-    the parameter's memory, so no second copy of the weights ever exists. Plain copies are
-    read in runs of neighbouring byte ranges, one ``preadv`` per run, dealt into batches for
-    a few threads (:data:`READERS`; :mod:`~torchgraft.io.reads`): reads release the GIL,
-    so tensors, and the shards of a sharded checkpoint, are read in parallel. Tensors on an
-    accelerator go through pinned staging buffers, each read overlapping the previous
-    copy (:class:`~torchgraft.io.staging.StagedFiller`). Adapted tensors are filled one at
-    a time.
+    Every tensor copied as it is stored (a cast aside) goes through one pipeline
+    (:func:`~torchgraft.io.reads.read_all`): a pool of readers (:data:`READERS`) reads the
+    files in pieces, several shards and several regions of one file at once; into a
+    contiguous CPU tensor of the same dtype the bytes go straight into the parameter's memory
+    (no second copy), and towards an accelerator through a ring of staging buffers (pinned
+    for CUDA), each copy to the device issued on the reader's own stream while the next piece
+    is read. Adapted tensors bound for an accelerator are read onto it through the
+    same pipeline, a group at a time (:data:`ADAPTED_BYTES`), and adapted there; on the CPU
+    they are adapted one at a time.
 
     Args:
         plan: The plan.
@@ -52,32 +51,25 @@ def execute_plan(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torc
         if progress is not None:
             progress(done, len(plan.steps))
 
-    plain = [s for s in plan.steps if not s.ops and s.target not in assigned]
+    plain = [s for s in plan.steps if s.target not in assigned and _stored(s)]
+    tick(sum(1 for s in plan.steps if s.target in assigned))
     with torch.no_grad():
-        _fill_staged([s for s in plain if targets[s.target].device.type != "cpu"], refs,
-                     targets, tick)
-        _fill_adapted(plan, refs, targets, assigned, tick)
-        read_all([plan_read(s.source, refs[s.source], targets[s.target]) for s in plain
-                  if targets[s.target].device.type == "cpu"], threads=READERS,
-                 done=tick)
+        _fill_adapted([s for s in plan.steps if s.target not in assigned and not _stored(s)],
+                      refs, targets, tick)
+        read_all([plan_read(s.source, refs[s.source], targets[s.target]) for s in plain],
+                 threads=READERS, done=tick)
         if plan.init != "keep":
             for key in [k for k in plan.reinitialised if k not in assigned]:
                 out = targets[key]
                 out.copy_(fresh_values(out.detach(), plan.init))
 
 
-def _fill_staged(steps: list[PlanStep], refs: dict[str, TensorRef],
-                 targets: dict[str, torch.Tensor], tick: Callable[[], None]) -> None:
-    """Plain copies bound for an accelerator, through pinned staging buffers."""
-    fillers: dict[torch.device, StagedFiller] = {}
-    for step in steps:
-        out = targets[step.target]
-        if out.device not in fillers:
-            fillers[out.device] = StagedFiller(out.device)
-        fillers[out.device].fill(refs[step.source], out)
-        tick()
-    for filler in fillers.values():
-        filler.finish()
+def _stored(step: PlanStep) -> bool:
+    """Whether the step copies the source as it is (a cast aside): no operation but identities.
+
+    A virtual source, such as stacked experts, fills each part into its slice.
+    """
+    return all(isinstance(op, Step) and op.identity for op in step.ops)
 
 
 def _widened(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -93,19 +85,43 @@ def _widened(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
-def _fill_adapted(plan: Plan, refs: dict[str, TensorRef], targets: dict[str, torch.Tensor],
-                  assigned: Collection[str], tick: Callable[[], None]) -> None:
-    """Tensors with operations, one at a time; assigned ones only counted."""
-    for step in plan.steps:
-        if step.ops and step.target not in assigned:
-            out = targets[step.target]
-            if not step.cast and all(isinstance(op, Step) and op.identity for op in step.ops):
-                refs[step.source].read_into(out)  # stacked experts: each into its slice
-            else:
-                tensor = _widened(refs[step.source].read(), out.dtype)
-                for op in step.ops:
-                    tensor = applied(op, tensor, out.detach())
-                out.copy_(tensor)
-            logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
-        if step.ops or step.target in assigned:
-            tick()
+def _adapt(step: PlanStep, tensor: torch.Tensor, out: torch.Tensor) -> None:
+    """Apply the step's operations to the source tensor (on its device); copy the result in."""
+    tensor = _widened(tensor, out.dtype)
+    for op in step.ops:
+        tensor = applied(op, tensor, out.detach())
+    out.copy_(tensor)
+    logger.debug("filled %s from %s (%s)", step.target, step.source, step.describe())
+
+
+def _fill_adapted(steps: list[PlanStep], refs: dict[str, TensorRef],
+                  targets: dict[str, torch.Tensor], tick: Callable[[int], None]) -> None:
+    """Tensors with operations: on the CPU one at a time; on an accelerator, where they run."""
+    far = [s for s in steps if targets[s.target].device.type not in ("cpu", "meta")]
+    for step in steps:
+        if targets[step.target].device.type in ("cpu", "meta"):
+            _adapt(step, refs[step.source].read(), targets[step.target])
+            tick(1)
+    for group in _groups(far, refs):
+        sources = [torch.empty(refs[s.source].meta.shape, dtype=refs[s.source].meta.dtype,
+                               device=targets[s.target].device) for s in group]
+        read_all([plan_read(s.source, refs[s.source], source)
+                  for s, source in zip(group, sources, strict=True)], threads=READERS)
+        for step, source in zip(group, sources, strict=True):
+            _adapt(step, source, targets[step.target])
+            tick(1)
+
+
+def _groups(steps: list[PlanStep], refs: dict[str, TensorRef]) -> Iterator[list[PlanStep]]:
+    """Steps in groups whose sources hold at most :data:`ADAPTED_BYTES` (or one tensor)."""
+    group: list[PlanStep] = []
+    size = 0
+    for step in steps:
+        nbytes = refs[step.source].meta.nbytes
+        if group and size + nbytes > ADAPTED_BYTES:
+            yield group
+            group, size = [], 0
+        group.append(step)
+        size += nbytes
+    if group:
+        yield group

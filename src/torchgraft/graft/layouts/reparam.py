@@ -82,6 +82,8 @@ def weight_norms(side: Side) -> dict[str, Normed]:
     found: dict[str, Normed] = {}
     tensors = side.tensors
     for key, info in tensors.items():
+        if not key.endswith(("_g", ".original0")):  # the magnitude's key: nothing else leads
+            continue
         module, _, leaf = key.rpartition(".")
         new = _NEW.match(key)
         if new is not None and new["part"] == "0":

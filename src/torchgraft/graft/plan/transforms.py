@@ -273,18 +273,10 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         options: The options.
     """
     dst = options.dst.tensors[target]
-    if source in options.ruled and src.shape == dst.shape:  # the rules said its layout
-        cast = "" if src.dtype == dst.dtype else \
-            f"{dtype_name(src.dtype)}->{dtype_name(dst.dtype)}"
-        made = (Step(_VIRTUAL, options.derived[source]),) if source in options.derived else ()
-        plan.steps.append(PlanStep(target, source, how, made, cast,
-                                   _evidence(plan, target, how)))
+    direct = _direct(plan, target, source, how, (src, dst), options)
+    if direct is not None:
+        plan.steps.append(direct)
         return
-    if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
-            and source not in options.derived and source not in options.doubts
-            and not options.conventions):
-        plan.steps.append(PlanStep(target, source, how, (), "", _evidence(plan, target, how)))
-        return  # a plain copy: the common case, decided without the checks below
     steps, dtype, relaid, rotary = _layout_ops(target, source, src, dst, options)
     if isinstance(rotary, str):
         plan.missing[target] = rotary
@@ -309,6 +301,27 @@ def decide(plan: Plan, target: str, source: str, how: MatchStep, src: TensorInfo
         plan.guesses[target] = guess
     plan.steps.append(PlanStep(target, source, how, (*steps, *conventions), cast,
                                _evidence(plan, target, how)))
+
+
+def _direct(plan: Plan, target: str, source: str, how: MatchStep,
+            infos: tuple[TensorInfo, TensorInfo], options: Options) -> PlanStep | None:
+    """The step of a pair that needs no decision, if it is one.
+
+    A tensor the user's operation rules made is in the layout the rules say: copied as it is
+    (cast aside). A plain copy (the common case) is decided without the checks of
+    :func:`decide`.
+    """
+    src, dst = infos
+    if source in options.ruled and src.shape == dst.shape:
+        cast = "" if src.dtype == dst.dtype else \
+            f"{dtype_name(src.dtype)}->{dtype_name(dst.dtype)}"
+        made = (Step(_VIRTUAL, options.derived[source]),) if source in options.derived else ()
+        return PlanStep(target, source, how, made, cast, _evidence(plan, target, how))
+    if (not options.layouts and src.shape == dst.shape and src.dtype == dst.dtype
+            and source not in options.derived and source not in options.doubts
+            and not options.conventions):
+        return PlanStep(target, source, how, (), "", _evidence(plan, target, how))
+    return None
 
 
 def _conventions(source: str, target: str, options: Options) -> tuple[list[Op], Guess | None]:

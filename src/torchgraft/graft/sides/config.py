@@ -79,6 +79,10 @@ def extent(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, str]:
     return largest, where
 
 
+#: A size given per stage or block is a list of at most this many (a config's claim, bounded).
+MAX_SIZES = 1024
+
+
 def check_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], *,
                 path: Path) -> None:
     """Refuse a config that sizes its model past what the checkpoint holds, before it is built.
@@ -98,14 +102,16 @@ def check_sizes(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     largest, where = extent(shapes)
     for prefix, scope in _scopes(config):
         for key in sorted(SIZES & scope.keys()):
-            value = scope[key]
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise TorchgraftError(f"'{prefix}{key}' is {shown(value, 40)}, not a whole number",
-                                      path=path)
-            if value > largest:
-                raise TorchgraftError(
-                    f"'{prefix}{key}' is {value}, more than the checkpoint beside it holds (its "
-                    f"largest size is {largest}: {where}): refused before a model is built "
-                    "from it", path=path)
+            given = scope[key]
+            values = given if isinstance(given, list) and len(given) <= MAX_SIZES else [given]
+            for value in values:  # a size per stage (EfficientNet's in_channels) is a list
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise TorchgraftError(f"'{prefix}{key}' is {shown(given, 40)}, not a whole "
+                                          "number (or a list of them)", path=path)
+                if value > largest:
+                    raise TorchgraftError(
+                        f"'{prefix}{key}' is {shown(given, 40)}, more than the checkpoint beside "
+                        f"it holds (its largest size is {largest}: {where}): refused before a "
+                        "model is built from it", path=path)
