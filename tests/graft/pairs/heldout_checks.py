@@ -1,4 +1,4 @@
-"""What the held-out suites (``test_heldout.py``, ``test_heldout_v5.py``) check of a case, and
+"""What the held-out suite (``test_heldout.py``, both its groups) checks of a case, and
 how a case not there yet is marked.
 
 A module source with example inputs must end ``ok`` with equal outputs; a file ``ok`` or

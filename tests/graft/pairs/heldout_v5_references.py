@@ -1,5 +1,5 @@
 """Reference mappings of issue 37's held-out pairs, each proven by equal outputs
-(``test_heldout_v5.py``).
+(``test_heldout.py``).
 
 Where a library ships its converter, it runs here: diffusers' ``convert_ldm_vae_checkpoint``
 (the original latent-diffusion VAE to diffusers': decoder levels renumbered the other way,
