@@ -16,23 +16,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.cli.slow_copy import MODEL, start
+from tests.cli.slow_copy import HOLD, MODEL, release, start
 
 pytestmark = pytest.mark.slow
 
 def _interrupt_mid_copy(process: subprocess.Popen[str], marker: Path) -> tuple[int, int, str]:
-    """SIGINT once the copy is under way; the slowed calls made before and after it, stderr.
+    """SIGINT while the copy is held mid-way, then let it go on; the slowed calls made before
+    and after the signal, stderr.
 
     Counted, not timed: the marker file gains a byte per slowed call (1 MiB each).
     """
     deadline = time.monotonic() + 120  # a wait for the copy to start, not a measure
-    while not marker.exists():
+    while not marker.exists() or marker.stat().st_size < HOLD:
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the copy never started"
         time.sleep(0.05)
-    time.sleep(0.3)
     sent = marker.stat().st_size
     process.send_signal(signal.SIGINT)
+    release(marker)
     _out, err = process.communicate(timeout=60)
     return sent, marker.stat().st_size - sent, err
 
@@ -67,7 +68,7 @@ def test_ctrl_c_stops_a_convert_in_kernel_copies_and_keeps_the_old_file(
         tmp_path: Path, big: Path) -> None:
     before = _folder(big)
     process, marker = start(tmp_path, "copy", "convert", str(big / "big.safetensors"),
-                             str(big / "old.safetensors"), "--overwrite")
+                             str(big / "old.safetensors"), "--overwrite", held=True)
     copied, after, err = _interrupt_mid_copy(process, marker)
     assert process.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
@@ -98,7 +99,7 @@ def test_ctrl_c_stops_a_graft_while_it_saves(tmp_path: Path) -> None:
     before = _folder(work)
     process, marker = start(tmp_path, "write", "graft", str(work / "ckpt.safetensors"),
                              "--model", f"{tmp_path / 'models.py'}:net", "--out",
-                             str(work / "out.safetensors"))
+                             str(work / "out.safetensors"), held=True)
     copied, after, err = _interrupt_mid_copy(process, marker)
     assert process.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
