@@ -21,8 +21,12 @@ HOLD = 4
 #: marker file at each slowed call (so its size counts them), and waiting from the
 #: :data:`HOLD`-th until a release file exists; ``none`` slows nothing.
 LAUNCHER = f'''
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
+
+# Ctrl-C as a terminal gives it: a suite started in the background by a script (bash's
+# "cmd &") hands its children SIGINT ignored, and they would not stop
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 marker, slow = Path(sys.argv[1]), sys.argv[2]
 released = marker.with_suffix(".release")

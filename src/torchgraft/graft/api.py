@@ -27,7 +27,7 @@ from ..logs import warn
 from ..renames import Rule
 from .check.reference import Want, expect_reference, reference_for
 from .check.settle import verify_graft
-from .check.source_model import SourceModelLike, source_norms, transformers_renames
+from .check.source_model import SourceModelLike, source_code, transformers_renames
 from .fill.dtensor import sharded_targets
 from .fill.initialise import computed_alike
 from .fill.new_parts import check_new, declare_new
@@ -44,7 +44,7 @@ from .report.report import GraftError, GraftReport
 from .sides.adapters import adapter_keys, refuse_plain_target
 from .sides.describe import describe_sides
 from .sides.inputs import Inputs
-from .sides.model import module_side, quantized_modules, unwrap
+from .sides.model import module_side, ordered_by, quantized_modules, unwrap
 from .sides.source import GraftSource, SourceLike, open_source
 from .sides.walk import ModelTensors, Walked, walk_model
 from .tensors import Side
@@ -208,10 +208,12 @@ def graft(source: SourceLike, model: nn.Module, *, rules: RulesSpec = None,
                     sum(math.prod(info.shape) * info.dtype.itemsize
                         for info in opened.side.tensors.values()), source_shapes=shapes)
         expect_reference(source, opened.module, want)  # before the model is touched
+        code = source_code(source, opened.module, source_model, shapes=shapes)
+        if code is not None and opened.module is None:
+            ordered_by(opened.side, code)
         into = _Into(_with_own_renames(rules, target, walked, opened),
                      PlanOptions(match, adapt, init, label_map),
-                     source_norms(source, opened.module, source_model, shapes=shapes), device,
-                     progress)
+                     norm_offsets(code) if code is not None else {}, device, progress)
         planned, report = _graft_into(opened, source, target, walked, into,
                                       inputs=example_inputs, sharded=sharded,
                                       assign=opened.private)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -87,6 +87,10 @@ class Side:
             layers' own names): its modules' numbers, as a module side's names give them.
         facts: What was derived from the names once and is asked again (the naming family):
             scanning 100k names per question would cost seconds.
+        order_of_use: Finds the keys in order of use where none was given (a forward on
+            meta of the module, or of the file's own code base's model), or None where it
+            cannot; asked on first use of :attr:`order`. Where it says nothing, the stored
+            order is kept as above.
     """
 
     tensors: dict[str, TensorInfo]
@@ -99,6 +103,8 @@ class Side:
     buffers: frozenset[str] = frozenset()
     numbers: dict[str, tuple[str, int]] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    order_of_use: Callable[[], list[str] | None] | None = field(default=None, repr=False,
+                                                                 compare=False)
 
     @property
     def order(self) -> list[str]:
@@ -136,13 +142,19 @@ class Side:
                                    facts=dict(self.facts))
 
     def _find_order(self) -> None:
-        """The order of stored names, or recovered from them (then not ``ordered``).
+        """The order of use where :attr:`order_of_use` finds it, else of the stored names.
 
-        Stored names are an order of definition unless they are sorted, or their numbered
+        Recovered from the names where they say nothing of an order (then not ``ordered``):
+        stored names are an order of definition unless they are sorted, or their numbered
         blocks do not come in the order of their numbers (MLX writes its files in a hash
         order: ``blocks.1`` before ``blocks.0``), which no module list is defined in.
         """
-        if not self.given_order and self.tensors:
+        if self.given_order or not self.tensors:
+            return
+        found = self.order_of_use() if self.order_of_use is not None else None
+        if found:
+            self.given_order, self.given_ordered = found, True
+        else:
             self.given_order = list(self.tensors)
             if looks_sorted(self.given_order, self.tensors) or \
                     not numbers_ascend(self.given_order):

@@ -133,6 +133,7 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
     tolerance = rtol * float(a.double().abs().max()) if a.numel() else 0.0
     divergence, unit = None, None
     if not diff <= tolerance:  # a NaN is never within tolerance
+        _deterministic(target, target_inputs, second, rtol)
         divergence = "the outputs differ" if compared == "outputs" else "they differ"
         for path, activation in second.seen.items():
             paired = module_map.get(path)
@@ -145,3 +146,27 @@ def compare(source: nn.Module | Run, target: nn.Module, source_inputs: Any,
                 unit = (path, paired)
                 break
     return Verification(diff, tolerance, divergence, unit, compared, uncovered)
+
+
+def _deterministic(model: nn.Module, inputs: Any, run: Run, rtol: float) -> None:
+    """Check that the model computes the same twice on its inputs, random numbers apart.
+
+    A model that samples (a VAE whose forward draws its latent by default) gives other outputs
+    for other random numbers: a difference from the source's then says nothing of the graft.
+
+    Raises:
+        NotComparable: If a run with other random numbers differs, naming the first module
+            whose output does.
+    """
+    again = run_recorded(model, inputs, seed=1)
+    varies = next((path for path, activation in run.seen.items()
+                   if path in again.seen and differ(again.seen[path], activation, rtol)
+                   is not None), None)
+    if varies is None and not any(differ(a, b, rtol) is not None
+                                  for a, b in zip(run.outputs, again.outputs, strict=False)):
+        return
+    where = f"first at '{varies}'" if varies else "in its outputs"
+    raise NotComparable(f"the model's outputs vary from run to run on these inputs (it draws "
+                        f"random numbers: {where}), so a difference from the source's says "
+                        "nothing of the graft; give inputs that make its forward deterministic "
+                        "(example_inputs=, CLI: --inputs FILE)")

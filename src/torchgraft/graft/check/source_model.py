@@ -1,21 +1,23 @@
 """The source's own model, to verify a graft from a file by comparing outputs.
 
-A folder with a ``config.json`` naming a transformers class (``architectures``) describes its
-model fully: when transformers is importable, the class is looked up among transformers' own
-exports (never imported because a file names it, never remote code), built with its
-parameters on the meta device (buffers it computes, such as rotary frequencies, stay real), and
-filled from the file by torchgraft, by name: transformers' own renames of older checkpoint
-names (its conversion mapping: ViT files keep ``attention.attention.query``, the v5 module has
-``attention.q_proj``) are the fill's rules. Any other source can pass ``source_model=``: a module
-of the source's code base, or a callable that builds one; it is filled from the file the same
-way.
+A folder with a ``config.json`` naming a transformers class (``architectures``) or a diffusers
+one (``_class_name``) describes its model fully: when that library is importable, the class is
+looked up among the library's own exports (never imported because a file names it, never
+remote code), built with its parameters on the meta device (buffers it computes, such as
+rotary frequencies, stay real), and filled from the file by torchgraft, by name:
+transformers' own renames of older checkpoint names (its conversion mapping: ViT files keep
+``attention.attention.query``, the v5 module has ``attention.q_proj``) are the fill's rules.
+Any other source can pass ``source_model=``: a module of the source's code base, or a callable
+that builds one; it is filled from the file the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -28,14 +30,13 @@ from torch import nn
 
 from ...errors import TorchgraftError, shown
 from ...renames import Rule
-from ..layouts.norms import norm_offsets
 from ..sides.build import empty_parameters
 from ..sides.config import check_sizes, read_config
 from ..sides.inputs import Inputs, from_config
 from ..sides.model import state_tensors, unwrap
 
 __all__ = ["MAX_AUTO_BYTES", "SourceModel", "SourceModelLike", "from_folder", "meta_copy",
-           "resolve", "source_norms", "transformers_renames", "unbuilt"]
+           "resolve", "source_code", "transformers_renames", "unbuilt"]
 
 logger = logging.getLogger("torchgraft")
 
@@ -100,27 +101,45 @@ def _what_computes(config: Any) -> dict[str, Any] | None:
         if isinstance(data, dict) else None
 
 
-def _transformers_class(data: dict[str, Any]) -> type[nn.Module] | str:
-    """The transformers class a config names, if transformers has it; else why none is built.
+@dataclass(frozen=True)
+class _Library:
+    """A library whose configs name their model's class: where, and what its models derive."""
+
+    name: str
+    field: str  # the config's entry naming the class
+    base: str  # the class every model of it derives from
+
+
+#: The libraries a ``config.json`` may name a class of (transformers: ``architectures``, a
+#: list; diffusers: ``_class_name``).
+_LIBRARIES = (_Library("transformers", "architectures", "PreTrainedModel"),
+              _Library("diffusers", "_class_name", "ModelMixin"))
+
+
+def _model_class(data: dict[str, Any]) -> tuple[type[nn.Module], _Library] | str:
+    """The class a config names, if its library has it; else why none is built.
 
     Remote code (``auto_map``) is never run, and no module is imported because a config
-    names it: the class is looked up among transformers' own exports.
+    names it: the class is looked up among its library's own exports.
     """
-    names = data.get("architectures")
     if data.get("auto_map"):
         return (f"it asks for remote code ('auto_map': {shown(data['auto_map'], 80)}), which "
                 "torchgraft never runs")
-    if not isinstance(names, list) or not names or not isinstance(names[0], str):
-        return "it names no transformers class ('architectures'): another library's config"
-    if importlib.util.find_spec("transformers") is None:
-        return f"it names {shown(names[0], 80)}, and transformers is not installed"
-    import transformers
-
-    cls = getattr(transformers, names[0], None)
-    base = getattr(transformers, "PreTrainedModel", None)
-    if not isinstance(cls, type) or base is None or not issubclass(cls, base):
-        return f"it names {shown(names[0], 80)}, which is no model class of transformers"
-    return cls
+    for library in _LIBRARIES:
+        named = data.get(library.field)
+        name = named[0] if isinstance(named, list) and named else named
+        if not isinstance(name, str):
+            continue
+        if importlib.util.find_spec(library.name) is None:
+            return f"it names {shown(name, 80)}, and {library.name} is not installed"
+        module = importlib.import_module(library.name)
+        cls = getattr(module, name, None)
+        base = getattr(module, library.base, None)
+        if not isinstance(cls, type) or base is None or not issubclass(cls, base):
+            return f"it names {shown(name, 80)}, which is no model class of {library.name}"
+        return cls, library
+    return ("it names no transformers class ('architectures') nor diffusers class "
+            "('_class_name'): another library's config")
 
 
 def unbuilt(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
@@ -142,13 +161,13 @@ def unbuilt(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
         return None
     if data is None:
         return (config, "it is not a JSON object") if config.is_file() else None
-    found = _transformers_class(data)
+    found = _model_class(data)
     return (config, found) if isinstance(found, str) else None
 
 
 def from_folder(path: str | os.PathLike[str], *,
                 shapes: Mapping[str, tuple[int, ...]]) -> SourceModel | None:
-    """The transformers model a checkpoint folder's ``config.json`` describes.
+    """The transformers or diffusers model a checkpoint folder's ``config.json`` describes.
 
     Its sizes are checked against the checkpoint's (:func:`.check_sizes`) and the inputs it
     describes against their bound (:func:`.from_config`) before anything is built.
@@ -159,20 +178,24 @@ def from_folder(path: str | os.PathLike[str], *,
 
     Returns:
         The source model and generated inputs; ``None`` when the folder has no config of a
-        transformers class, or transformers is not installed.
+        class of those libraries, or the library is not installed.
 
     Raises:
         TorchgraftError: If config.json is unreadable, sizes a model past what the checkpoint
-            holds or an input past its bound, or transformers rejects it.
+            holds or an input past its bound, or the library rejects it.
     """
     folder = Path(path)
     folder = folder if folder.is_dir() else folder.parent
     data = read_config(folder)
-    cls = _transformers_class(data) if data is not None else None
-    if cls is None or isinstance(cls, str) or data is None:
+    found = _model_class(data) if data is not None else None
+    if found is None or isinstance(found, str) or data is None:
         return None
+    cls, library = found
     check_sizes(data, shapes, path=folder / "config.json")
     inputs = from_config(data, path=folder / "config.json")
+    origin = f"{folder / 'config.json'} ({cls.__name__})"
+    if library.name == "diffusers":
+        return _diffusers_model(cls, data, inputs, origin)
     try:
         config = cls.config_class.from_dict(dict(data))  # type: ignore[attr-defined]
     except Exception as exc:
@@ -193,8 +216,34 @@ def from_folder(path: str | os.PathLike[str], *,
             twin: nn.Module = cls(config)
         return _modules(twin) == _modules(model)
 
-    return SourceModel(build, inputs, f"{folder / 'config.json'} ({cls.__name__})",
-                       transformers_renames, same_as)
+    return SourceModel(build, inputs, origin, transformers_renames, same_as)
+
+
+def _diffusers_model(cls: type[nn.Module], data: dict[str, Any], inputs: Inputs,
+                     origin: str) -> SourceModel:
+    """A diffusers model of a config (its entries that start with ``_`` say where it is from).
+
+    diffusers builds its models from the config's entries (``from_config``); a model is the
+    one this config describes when its class, its config's entries and its modules are.
+    """
+    entries = {k: v for k, v in data.items() if not k.startswith("_")}
+
+    def build() -> nn.Module:
+        with empty_parameters():
+            model: nn.Module = cls.from_config(entries)  # type: ignore[attr-defined]
+        return model.eval()
+
+    def same_as(model: nn.Module) -> bool:
+        config = getattr(model, "config", None)
+        if type(model) is not cls or not isinstance(config, Mapping) or any(
+                json.dumps(config.get(k), default=str) != json.dumps(v, default=str)
+                for k, v in entries.items()):
+            return False
+        with torch.device("meta"):
+            twin: nn.Module = cls.from_config(entries)  # type: ignore[attr-defined]
+        return _modules(twin) == _modules(model)
+
+    return SourceModel(build, inputs, origin, _no_renames, same_as)
 
 
 def transformers_renames(model: nn.Module) -> list[Rule]:
@@ -288,14 +337,15 @@ def resolve(source_model: SourceModelLike) -> SourceModel:
 
 
 
-def source_norms(source: object, module: nn.Module | None, source_model: SourceModelLike | None,
-                 *, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, float | None]:
-    """The source's norms: scale key to offset (see :func:`.norm_offsets`).
+def source_code(source: object, module: nn.Module | None,
+                source_model: SourceModelLike | None, *,
+                shapes: Mapping[str, tuple[int, ...]]) -> nn.Module | None:
+    """A module of the source's code base, where there is one: to read its norms and order.
 
-    Its module's; else a ``source_model=`` module's (of the file's own code base, named as the
-    file; a callable is called once more for this, on the meta device: its norms are measured
-    on copies); else the model its folder's ``config.json`` describes, built on meta. Code
-    that fails says none here (comparing outputs reports it); a bare file says none.
+    Its module; else a ``source_model=`` module (of the file's own code base, named as the
+    file; a callable is called once more for this, on the meta device); else the model its
+    folder's ``config.json`` describes, built on meta. Code that fails says none here
+    (comparing outputs reports it); a bare file has none.
 
     Args:
         source: What was grafted (a path, a module, a state dict).
@@ -303,6 +353,9 @@ def source_norms(source: object, module: nn.Module | None, source_model: SourceM
         source_model: The ``source_model=`` argument.
         shapes: The checkpoint's tensors' shapes, by key (a folder's config is checked
             against them before its model is built).
+
+    Returns:
+        The module, unwrapped; None where there is none.
     """
     found: object = module if module is not None else source_model
     try:
@@ -314,5 +367,5 @@ def source_norms(source: object, module: nn.Module | None, source_model: SourceM
                 found = found()
     except Exception:  # the source's own code or config: verification names its error
         logger.debug("the source's model could not be built to read its norms", exc_info=True)
-        return {}
-    return norm_offsets(unwrap(found)) if isinstance(found, nn.Module) else {}
+        return None
+    return unwrap(found) if isinstance(found, nn.Module) else None

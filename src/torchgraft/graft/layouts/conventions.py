@@ -14,8 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["CONTEXTS", "CONVENTIONS", "LEAF_ROLES", "ROTARY_ORDERS", "Convention", "RotaryOrder",
-           "joined_role", "leaf_role", "numbered", "role_of", "role_parts", "unit_of"]
+__all__ = ["CONTEXTS", "CONVENTIONS", "LEAF_ROLES", "PLACES", "ROTARY_ORDERS", "Convention",
+           "RotaryOrder", "joined_role", "leaf_role", "numbered", "role_of", "role_parts",
+           "unit_of"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,11 @@ CONTEXTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("shortcut", re.compile(r"(?:^|\.)(?:shortcut|downsample|skip|skip_connection|"
                             r"conv_shortcut|proj_shortcut)(?:\.|$)")),
 )
+
+#: Contexts that name a module's place inside a block, which code bases name unlike (latent
+#: diffusion's resampling ``downsample`` is no shortcut; its ``nin_shortcut`` is one): they
+#: keep modules from pairing across them first, and are set aside for what is left.
+PLACES = frozenset({"shortcut"})
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from ...text import few, quoted
 from ..evidence import Evidence, Guess
-from ..layouts.conventions import joined_role, leaf_role, numbered, role_parts, unit_of
+from ..layouts.conventions import PLACES, joined_role, leaf_role, numbered, role_parts, unit_of
 from ..tensors import TensorInfo, natural_key, owner
+from .hierarchy import aligned_subtrees, sibling_order
+from .numbering import Turn, containers, turned, turned_order
 
 __all__ = ["Alignment", "align"]
 
@@ -251,6 +254,16 @@ def _alike(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
         return False
     if len(rows) > len(cols):
         return _alike(match.T, cols, rows)
+    return 2 * _matched(match, rows, cols) >= len(rows)
+
+
+def _whole(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
+    """Whether two sets of modules fill each other one to one."""
+    return len(rows) == len(cols) and _matched(match, rows, cols) == len(rows)
+
+
+def _matched(match: np.ndarray, rows: list[int], cols: list[int]) -> int:
+    """How many rows take a column of their own at most (a maximum bipartite matching)."""
     owner: dict[int, int] = {}
 
     def place(i: int, seen: set[int]) -> bool:
@@ -262,7 +275,7 @@ def _alike(match: np.ndarray, rows: list[int], cols: list[int]) -> bool:
                     return True
         return False
 
-    return 2 * sum(place(i, set()) for i in rows) >= len(rows)
+    return sum(place(i, set()) for i in rows)
 
 
 def _outermost(unit: str) -> str:
@@ -334,24 +347,26 @@ class _Aligner:
                 table[ka, kb] = pairs is not None and all(fits(s, t) for t, s in pairs)
         self.table = table
         self.classes = ([ids_a[s] for s in sig_a], [ids_b[s] for s in sig_b])
-        self.match = table[np.ix_(*self.classes)]
+        self.shapes = table[np.ix_(*self.classes)]
+        self.match = self.shapes
         self.pairs: dict[int, int] = {}
 
     def _take(self, i: int, j: int) -> None:
         self.pairs[i] = j
 
-    def keep_sides(self, contexts: tuple[list[tuple[str, ...]], list[tuple[str, ...]]]) -> None:
+    def keep_sides(self, contexts: tuple[list[tuple[str, ...]], list[tuple[str, ...]]], *,
+                   set_aside: frozenset[str] = frozenset()) -> None:
         """Only modules of the same sides fit (an encoder's never a decoder's), where named.
 
         Args:
             contexts: Each module's contexts on each side, those both sides name only.
+            set_aside: Contexts not kept apart (:data:`PLACES`, for what is left).
         """
-        if not any(contexts[0]) and not any(contexts[1]):
-            return
         ids: dict[tuple[str, ...], int] = {}
-        side_a = np.array([ids.setdefault(c, len(ids)) for c in contexts[0]])
-        side_b = np.array([ids.setdefault(c, len(ids)) for c in contexts[1]])
-        self.match = self.match & (side_a[:, None] == side_b[None, :])
+        side_a, side_b = (np.array([ids.setdefault(tuple(c for c in cs if c not in set_aside),
+                                                   len(ids)) for cs in side], dtype=np.int64)
+                          for side in contexts)
+        self.match = self.shapes & (side_a[:, None] == side_b[None, :])
 
     def _free(self) -> tuple[list[int], list[int]]:
         used = set(self.pairs.values())
@@ -504,6 +519,13 @@ class _Aligner:
                 taken = set(self.pairs.values())
                 _pair_in_scope(self, [i for i in rows if i not in self.pairs],
                                [j for j in cols if j not in taken], ua, ub)
+        self.take_unique()
+
+    def take_unique(self) -> None:
+        """Pair what fits only each other among all that is left, until nothing more pairs.
+
+        For a real order, the neighbours of pairs too (:meth:`_neighbours`).
+        """
         while True:
             unique = self._unique(*self._free())
             for i, j in unique:
@@ -536,7 +558,9 @@ def _anchors(groups: list[_Group], *, ordered: bool) -> tuple[list[int | None], 
     Under the norm's parent, the only convolution whose output channels are the norm's width
     (``expansion.expand_conv`` for ``expansion.expand_bn``); else, where the side's order is
     real, the one right before it (``_expand_conv`` before ``_bn0``): those norms are returned
-    apart, as known by order (a convention of code bases, not a fact of a file).
+    apart, as known by order (a convention of code bases, not a fact of a file). A norm that
+    a real order puts right after another convolution of its width than its parent's has
+    none: the two signals disagree.
     """
     convs: dict[str, list[int]] = {}
     for k, group in enumerate(groups):
@@ -547,6 +571,11 @@ def _anchors(groups: list[_Group], *, ordered: bool) -> tuple[list[int | None], 
     for k, group in enumerate(groups):
         size = _norm_size(group)
         fitting = [c for c in convs.get(group.parent, ()) if _out_channels(groups[c]) == size]
+        before = k - 1 if ordered and k and size is not None and \
+            _out_channels(groups[k - 1]) == size else None
+        if len(fitting) == 1 and before not in (None, fitting[0]):
+            found.append(None)  # its parent names one convolution, a real order another
+            continue
         found.append(fitting[0] if len(fitting) == 1 else
                      k - 1 if ordered and k - 1 in fitting else None)
         if len(fitting) != 1 and found[-1] is not None:
@@ -1005,10 +1034,11 @@ class _Judge:
             most = max(unit_votes.values())
             if unit_votes[self.ub.block[j]] >= most:
                 continue
-            mine = found.setdefault(i, [])
+            mine = found.get(i, [])
             for block in (b for b, n in unit_votes.items() if n == most):
                 for k in members.get(block, ()):
                     if k != j and k not in mine and self._fits(i, k):
+                        mine = found.setdefault(i, mine)  # a pair with nothing to swap stays
                         mine.append(k)
                         other = holder.get(k)
                         if other is not None and self._fits(other, j) and \
@@ -1158,30 +1188,99 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
     b = _groups(sources, source_infos, bookkeeping, bare_apart=bare_apart)
     if not a or not b:
         return Alignment({})
-    aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
-    ua = _Units(a, aligner.classes[0], ordered=True)
-    ub = _Units(b, aligner.classes[1], ordered=source_ordered, numbers=source_numbers)
-    common = ua.contexts() & ub.contexts()
-    ua.keep_contexts(common)
-    ub.keep_contexts(common)
-    aligner.keep_sides((ua.context, ub.context))
-    aligner.run(ua, ub)
-    _fill_by_units(aligner, ua, ub, before or {})
-    _repair(aligner.pairs, ua, ub)
-    judge = _Judge(aligner, ua, ub, trust_conventions=trust_conventions)
-    result = _paired_tensors(aligner, judge.guesses(), judge.by_convention,
-                             trust_conventions=trust_conventions)
-    result.ambiguous = _ambiguous(aligner)
+    judged, ua, ub = _prepared(a, b, fits, source_ordered=source_ordered,
+                               numbers=source_numbers)
+    moved = sibling_order(ua.paths, ub.paths, partial(_whole, judged.match))
+    turns = turned(ua.paths, [ub.paths[k] for k in moved],
+                   (judged.classes[0], [judged.classes[1][k] for k in moved]),
+                   partial(_whole, judged.match[:, moved]))
+    if turns:
+        moved = [moved[k] for k in turned_order([ub.paths[k] for k in moved], turns)]
+    # aligned in the order the target's shapes give the source's parts; judged in its own
+    aligner, ta, tb = (judged, ua, ub) if moved == sorted(moved) else _prepared(
+        a, [b[k] for k in moved], fits, source_ordered=source_ordered, numbers=source_numbers)
+    subtrees = aligned_subtrees(ta.paths, tb.paths, partial(_whole, aligner.match))
+    aligner.keep_sides((ta.context, tb.context))
+    aligner.run(ta, tb)
+    for rows, cols in subtrees:  # what is left inside modules that hold each other's
+        taken = set(aligner.pairs.values())
+        _pair_in_scope(aligner, [i for i in rows if i not in aligner.pairs],
+                       [j for j in cols if j not in taken], ta, tb)
+    _fill_by_units(aligner, ta, tb, before or {})
+    aligner.keep_sides((ta.context, tb.context), set_aside=PLACES)
+    aligner.take_unique()  # what is left, whatever the names say of its place in a block
+    judged.pairs = {i: moved[j] for i, j in aligner.pairs.items()}
+    loose = judged.match
+    judged.keep_sides((ua.context, ub.context))
+    _repair(judged.pairs, ua, ub)
+    judge = _Judge(judged, ua, ub, trust_conventions=trust_conventions)
+    guessed = judge.guesses()
+    result = _paired_tensors(judged, guessed, judge.by_convention,
+                             trust_conventions=trust_conventions,
+                             turned=_turned_guesses(judged.pairs, loose, ub, turns, guessed,
+                                                    targets=ua.paths))
+    result.ambiguous = _ambiguous(judged)
     return result
 
 
+def _prepared(a: list[_Group], b: list[_Group], fits: Fits, *, source_ordered: bool,
+              numbers: Mapping[str, tuple[str, int]] | None) -> tuple[_Aligner, _Units, _Units]:
+    """An aligner of two sides' groups and their units, fitting only within shared contexts.
+
+    The contexts of a place in a block (:data:`PLACES`) are set aside until
+    :meth:`_Aligner.keep_sides` keeps them.
+    """
+    aligner = _Aligner(a, b, fits, source_ordered=source_ordered)
+    ua = _Units(a, aligner.classes[0], ordered=True)
+    ub = _Units(b, aligner.classes[1], ordered=source_ordered, numbers=numbers)
+    common = ua.contexts() & ub.contexts()
+    ua.keep_contexts(common)
+    ub.keep_contexts(common)
+    aligner.keep_sides((ua.context, ub.context), set_aside=PLACES)
+    return aligner, ua, ub
+
+
+def _turned_guesses(pairs: dict[int, int], match: np.ndarray, ub: _Units, turns: list[Turn],
+                    guessed: dict[int, list[int]], *,
+                    targets: list[str]) -> dict[int, list[int]]:
+    """Pairs of turned levels that only the order of the others made: their alternatives.
+
+    A target level that several levels of the turned source container fit (all of one
+    shape) took the one the turn gave it; the others are its alternatives, each by the same
+    path below its level. Alternatives the judge found already are not repeated.
+    """
+    found: dict[int, list[int]] = {}
+    levels_b, levels_a = containers(ub.paths), containers(targets)
+    for turn in turns:
+        source = levels_b[turn.source]
+        level_of = {k: level for level in source for k in level.members}
+        for t, rows in enumerate(levels_a[turn.target]):
+            if t in turn.forced:
+                continue
+            others = [level for level in source if _whole(match, rows.members, level.members)]
+            for i in rows.members:
+                j = pairs.get(i)
+                if j is None or j not in level_of:
+                    continue
+                stem = _stem(ub.paths[j], level_of[j].path)
+                found[i] = [k for level in others if level is not level_of[j]
+                            for k in level.members
+                            if _stem(ub.paths[k], level.path) == stem
+                            and k not in guessed.get(i, ())]
+                if not found[i]:
+                    del found[i]
+    return found
+
+
 def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
-                    by_convention: dict[int, str], *, trust_conventions: bool) -> Alignment:
+                    by_convention: dict[int, str], *, trust_conventions: bool,
+                    turned: dict[int, list[int]]) -> Alignment:
     """The tensor pairs of the module pairs, each with its evidence.
 
     A pair of modules known by structure makes its tensors known too, except same-shape
     tensors of the module under other leaf names that only one signal told apart, for a source
-    that is not a module (:func:`_told_apart`): guesses, each other's alternatives.
+    that is not a module (:func:`_told_apart`): guesses, each other's alternatives; and pairs
+    of levels numbered the other way that only the other levels' order made (``turned``).
     """
     a, b = aligner.a, aligner.b
     result = Alignment({})
@@ -1193,16 +1292,27 @@ def _paired_tensors(aligner: _Aligner, guessed: dict[int, list[int]],
             a[i].tensors, b[j].tensors, ordered=aligner.source_ordered)
         for target, source in found:
             result.pairs[target] = source
-            result.evidence[target] = Evidence.GUESS if i in guessed or target in siblings \
-                else Evidence.STRUCTURE
+            result.evidence[target] = Evidence.GUESS \
+                if i in guessed or i in turned or target in siblings else Evidence.STRUCTURE
+            leaf = source.rpartition(".")[2]
             if i in guessed:
-                result.guesses[target] = _guess(a[i], b, guessed[i], source.rpartition(".")[2],
-                                                convention=by_convention.get(i))
+                result.guesses[target] = _guess(a[i], b, [*guessed[i], *turned.get(i, ())],
+                                                leaf, convention=by_convention.get(i))
                 if i in by_convention:
                     result.by_convention.add(target)
+            elif i in turned:
+                result.guesses[target] = Guess(tuple(_key_of(b[k], leaf) for k in turned[i]),
+                                               _TURNED_LEVELS)
             elif target in siblings:
                 result.guesses[target] = Guess(siblings[target], _SIBLING_TENSORS)
     return result
+
+
+#: Why a level of a container numbered the other way is a guess.
+_TURNED_LEVELS = ("the checkpoint numbers these levels the other way from the model (the "
+                  "levels only one shape fits say so) and several of its levels have this "
+                  "level's shape: they were paired in the order the others show, which no "
+                  "shape confirms")
 
 
 #: Why same-shape tensors of one module are a guess.

@@ -10,6 +10,7 @@ pass of the unit, not of the model.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,13 +168,18 @@ class Run:
     entered: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
-def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = ()) -> Run:
+def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = (),
+                 seed: int = 0) -> Run:
     """Run ``model`` in eval mode without gradients, recording each module's output.
+
+    Random numbers it draws come from a generator seeded with ``seed`` (two models that
+    draw alike draw the same), forked from the caller's, which is left as it was.
 
     Args:
         model: The model.
         inputs: Its inputs (see :func:`as_call`).
         capture: Paths of modules whose first call's arguments to keep.
+        seed: The seed of the random numbers it draws.
 
     Returns:
         The outputs and the activations.
@@ -186,7 +192,8 @@ def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = ()
     recorder = _Recorder(model, capture)
     try:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices(model)):
+            torch.manual_seed(seed)
             output = model(*args, **kwargs)
     except TorchgraftError:
         raise
@@ -200,6 +207,13 @@ def run_recorded(model: nn.Module, inputs: Any, *, capture: Collection[str] = ()
         model.train(training)
         recorder.remove()
     return Run(floating_outputs(output), recorder.seen, recorder.called, recorder.entered)
+
+
+def _cuda_devices(model: nn.Module) -> list[int]:
+    """The CUDA devices a model's tensors are on, whose generators a seeded run forks."""
+    return sorted({t.device.index or 0 for t in itertools.chain(model.parameters(),
+                                                                model.buffers())
+                   if t.device.type == "cuda"})
 
 
 def run_alone(model: nn.Module, path: str, call: Call, watched: str) -> torch.Tensor | None:

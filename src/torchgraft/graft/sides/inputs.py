@@ -319,7 +319,7 @@ def _shapes(module: nn.Module) -> list[tuple[int, ...]]:
     return [(1, _LENGTH)]
 
 
-def from_modules(*models: nn.Module, seed: int = 0) -> list[Inputs]:
+def from_modules(*models: nn.Module, seed: int = 0, meta: bool = False) -> list[Inputs]:
     """Inputs the models may take, read from their first modules: each to try in turn.
 
     The first module of each kind that says what a model's input is, in the first model's
@@ -332,6 +332,7 @@ def from_modules(*models: nn.Module, seed: int = 0) -> list[Inputs]:
     Args:
         models: The models that will run on them (the source's first).
         seed: The generator's seed.
+        meta: Inputs on the meta device, their shapes and dtypes only (nothing drawn).
 
     Returns:
         One set of inputs per shape to try, in order; empty when no module says.
@@ -351,9 +352,12 @@ def from_modules(*models: nn.Module, seed: int = 0) -> list[Inputs]:
             if role == "token ids":
                 if vocabulary is None:
                     continue
-                tensor = torch.randint(0, vocabulary, shape, generator=generator)
+                tensor = (torch.empty(shape, dtype=torch.long, device="meta") if meta else
+                          torch.randint(0, vocabulary, shape, generator=generator))
             else:
-                tensor = torch.randn(shape, generator=generator).to(_floating(module))
+                dtype = _floating(module)
+                tensor = (torch.empty(shape, dtype=dtype, device="meta") if meta else
+                          torch.randn(shape, generator=generator).to(dtype))
             found.append(Inputs({role: tensor}))
     return found
 

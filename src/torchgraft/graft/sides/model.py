@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -12,10 +14,12 @@ from torch import nn
 from ...errors import TorchgraftError
 from ..tensors import Side, TensorInfo, owner
 from .heads import head_counts_of
-from .inputs import bind, by_role
+from .inputs import bind, by_role, from_modules
 
-__all__ = ["MODULE_KINDS", "call_order", "module_side", "module_tensors", "quantized_modules",
-           "run_model", "state_tensors", "tied_keys", "unwrap"]
+__all__ = ["MODULE_KINDS", "call_order", "module_side", "module_tensors", "order_of_use",
+           "ordered_by", "quantized_modules", "run_model", "state_tensors", "tied_keys", "unwrap"]
+
+_log = logging.getLogger(__name__)
 
 # Module class names to the kind used for layouts and structural matching.
 MODULE_KINDS = {
@@ -219,13 +223,15 @@ def run_model(model: nn.Module, example_inputs: Any) -> Any:
                 buffer.copy_(value)
 
 
-def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> list[str]:
+def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str], *,
+               run: Callable[[nn.Module, Any], Any] = run_model) -> list[str]:
     """Order state-dict keys by when their module is first called on ``example_inputs``.
 
     Args:
         model: An unwrapped module.
         example_inputs: Its inputs (a tuple, a lone tensor, or keyword arguments by name).
         names: The module's state-dict keys, in definition order.
+        run: What runs the model on them (:func:`run_model`).
 
     Returns:
         The keys, modules called earlier first; keys of modules never called keep their
@@ -239,7 +245,7 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules()]
     try:
-        run_model(model, example_inputs)
+        run(model, example_inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -247,6 +253,133 @@ def call_order(model: nn.Module, example_inputs: Any, names: Sequence[str]) -> l
     position = {name: (first_call.get(owner(name), end), i)
                 for i, name in enumerate(names)}
     return sorted(names, key=position.__getitem__)
+
+
+def order_of_use(model: nn.Module, names: Sequence[str]) -> list[str] | None:
+    """A model's keys in order of use, from one forward on the meta device: no value is read.
+
+    The model runs on inputs generated from its first modules
+    (:func:`~torchgraft.graft.sides.inputs.from_modules`) with every parameter and buffer
+    stood in for by a meta tensor of its shape and its own forward hooks set aside; what its
+    forward sets on its modules (a cache of rotary angles made on meta) is put back after, so
+    it is left as it was. A forward that cannot run on
+    meta (one that reads a value) says nothing, and a sharded model is not run.
+
+    Args:
+        model: An unwrapped module.
+        names: Its state-dict keys, in definition order.
+
+    Returns:
+        The keys, modules called earlier first (:func:`call_order`); None where no generated
+        input runs.
+    """
+    kept = [(m, _attributes(m)) for m in model.modules()]
+    if _sharded(model, (t for _, (_, held) in kept for key in ("_parameters", "_buffers")
+                        for t in held.get(key, {}).values())):
+        return None
+    try:
+        _stand_in_meta(kept)
+        for inputs in from_modules(model, meta=True):
+            try:
+                return call_order(model, inputs, names, run=_on_meta)
+            except Exception as exc:  # any failure on meta says nothing of the order
+                _log.debug("order of use on %s: %s", list(inputs), exc)
+    except Exception as exc:  # a tensor subclass with no meta twin (a quantized weight)
+        _log.debug("order of use: %s", exc)
+    finally:
+        for module, (attributes, held) in kept:
+            module.__dict__.clear()
+            module.__dict__.update(attributes)
+            for key, entries in held.items():  # the very dicts others hold, as they were
+                attributes[key].clear()
+                attributes[key].update(entries)
+    return None
+
+
+def _stand_in_meta(kept: list[tuple[nn.Module, tuple[dict[str, Any], dict[str, Any]]]],
+                   ) -> None:
+    """Stand a meta tensor of its shape in for every parameter and buffer, hooks set aside.
+
+    A tensor two modules share (tied weights) gets one stand-in; the model's own forward
+    hooks are not run on meta. Both are put back by :func:`order_of_use`.
+    """
+    stand_ins: dict[int, torch.Tensor] = {}
+
+    def stand_in(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in stand_ins:
+            empty = torch.empty_like(tensor, device="meta")
+            stand_ins[id(tensor)] = nn.Parameter(empty, requires_grad=tensor.requires_grad) \
+                if isinstance(tensor, nn.Parameter) else empty
+        return stand_ins[id(tensor)]
+
+    for module, _ in kept:
+        for key in _HOOKS:
+            if key in module.__dict__:
+                module.__dict__[key] = type(module.__dict__[key])()
+        for key in ("_parameters", "_buffers"):
+            entries: dict[str, Any] = module.__dict__.get(key) or {}
+            for name, tensor in entries.items():
+                if tensor is not None:
+                    entries[name] = stand_in(tensor)
+
+
+def ordered_by(side: Side, model: nn.Module) -> None:
+    """Give a file's keys the order of use of its own code base's model, when first asked.
+
+    A file stored sorted says nothing of its modules' order, and a file's order of definition
+    is not its order of use; the model of its code base (a ``source_model=``, or the class its
+    ``config.json`` names) says it, run on meta (:func:`order_of_use`) only if the order is
+    asked (a graft whose keys all pair by name never asks). Only where every key of the file
+    is the model's: a file of another layout keeps its own order.
+
+    Args:
+        side: The file's side, changed in place.
+        model: A module of the file's code base.
+    """
+    names = list(state_tensors(model))
+    if side.tensors and side.tensors.keys() <= set(names):
+        side.given_order, side.given_ordered = [], True
+        side.order_of_use = partial(_of_file, model, names, frozenset(side.tensors))
+
+
+def _of_file(model: nn.Module, names: list[str], keys: frozenset[str]) -> list[str] | None:
+    found = order_of_use(model, names)
+    return None if found is None else [name for name in found if name in keys]
+
+
+def _of_module(model: nn.Module, names: list[str]) -> list[str]:
+    return order_of_use(model, names) or names
+
+
+def _sharded(model: nn.Module, tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether a model is sharded across processes (DTensor tensors, FSDP).
+
+    Its forward gathers from other ranks, which a run on one rank's meta tensors must not
+    start.
+    """
+    return any(type(t).__name__ == "DTensor" for t in tensors) or any(
+        type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel"))
+        for m in model.modules())
+
+
+#: A module's forward hooks, set aside while it runs on meta.
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+          "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called")
+#: A module's dicts others may hold (a walk of its tensors): put back as the same objects.
+_HELD = ("_parameters", "_buffers", "_modules")
+
+
+def _attributes(module: nn.Module) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A module's attributes, and the entries of its dicts of parameters, buffers, children."""
+    return dict(module.__dict__), {key: dict(module.__dict__[key]) for key in _HELD
+                                   if isinstance(module.__dict__.get(key), dict)}
+
+
+def _on_meta(model: nn.Module, inputs: Any) -> Any:
+    """Run a model whose tensors stand on meta on meta inputs."""
+    args, kwargs = bind(model, by_role(inputs))
+    with torch.no_grad():
+        return model(*args, **kwargs)
 
 
 def tied_keys(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -274,8 +407,9 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
 
     Args:
         model: The module.
-        example_inputs: If given, tensors are ordered by use on these inputs; else by
-            definition.
+        example_inputs: If given, tensors are ordered by use on these inputs; else by use on
+            generated inputs on meta, when first asked (:func:`order_of_use`), or by
+            definition where the model cannot run so.
         tensors: Its :func:`state_tensors`, if already known.
         modules: Its ``named_modules()``, if already walked.
 
@@ -284,7 +418,9 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
     """
     tensors = state_tensors(model) if tensors is None else tensors
     infos, heads, buffers = _described(model, tensors, modules)
-    order = call_order(model, example_inputs, list(infos)) if example_inputs is not None \
-        else list(infos)
-    return Side(infos, order, ties=tied_keys(tensors), head_dims=heads.dims,
-                head_counts=heads.counts, buffers=buffers)
+    if example_inputs is not None:
+        return Side(infos, call_order(model, example_inputs, list(infos)),
+                    ties=tied_keys(tensors), head_dims=heads.dims, head_counts=heads.counts,
+                    buffers=buffers)
+    return Side(infos, ties=tied_keys(tensors), head_dims=heads.dims, head_counts=heads.counts,
+                buffers=buffers, order_of_use=partial(_of_module, model, list(infos)))
