@@ -200,3 +200,27 @@ def test_modules_holding_each_other_pair_from_the_root_down() -> None:
              for rows, cols in pairs}
     assert (("levels.2.norm", "levels.2.conv"), ("up.0.norm", "up.0.conv")) in named
     assert (("mid.0",), ("middle.0",)) in named
+
+
+def _experts(layers: int) -> list[str]:
+    return [f"layers.{i}.{part}" for i in range(layers)
+            for part in (*(f"experts.{e}.{w}" for e in range(16) for w in ("up", "down")),
+                         "norm")]
+
+
+def test_comparing_modules_costs_in_proportion_to_the_model() -> None:
+    """Counted, not timed: twice the layers, at most about twice the comparisons (many alike
+    parents are not each compared with each)."""
+    counts = []
+    for layers in (8, 16, 32):
+        calls: list[int] = []
+
+        def whole(rows: list[int], cols: list[int]) -> bool:
+            calls.append(1)
+            return len(rows) == len(cols)
+
+        paths = _experts(layers)
+        sibling_order(paths, paths, whole)
+        aligned_subtrees(paths, paths, whole)
+        counts.append(len(calls))
+    assert counts[1] <= 2.2 * counts[0] and counts[2] <= 2.2 * counts[1], counts

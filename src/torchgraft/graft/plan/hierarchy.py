@@ -15,11 +15,15 @@ from collections.abc import Sequence
 
 from .numbering import Whole, move
 
-__all__ = ["MAX_PARENT_PAIRS", "aligned_subtrees", "sibling_order"]
+__all__ = ["MAX_CANDIDATES", "MAX_CHILDREN", "aligned_subtrees", "sibling_order"]
 
-#: At most this many pairs of parents are compared for the order of their children (a model
-#: of many alike blocks has as many alike parents; their children's order is their own).
-MAX_PARENT_PAIRS = 4096
+#: A source module's children are compared with those of at most this many of the model's
+#: modules of its sizes, the nearest in depth first (a model of many alike blocks has as many
+#: alike parents, and their children's order is their own).
+MAX_CANDIDATES = 4
+#: Children of two parents are compared each with each only up to this many on a side (a
+#: list of experts, in order or not, is paired level by level, never each with each).
+MAX_CHILDREN = 64
 
 
 def _children(paths: Sequence[str]) -> dict[str, dict[str, list[int]]]:
@@ -33,6 +37,11 @@ def _children(paths: Sequence[str]) -> dict[str, dict[str, list[int]]]:
     return {parent: children for parent, children in found.items() if len(children) >= 2}
 
 
+def _depth(path: str) -> int:
+    """How deep a module is (the root: -1)."""
+    return path.count(".") if path else -1
+
+
 def _sizes(children: dict[str, list[int]]) -> tuple[int, ...]:
     """How many groups each child holds, largest first (parents that may pair have equal)."""
     return tuple(sorted((len(members) for members in children.values()), reverse=True))
@@ -40,13 +49,15 @@ def _sizes(children: dict[str, list[int]]) -> tuple[int, ...]:
 
 def _one_way(own: list[list[int]], other: list[list[int]], whole: Whole) -> list[int] | None:
     """Each of ``own``'s children's partner among ``other``'s, where shapes pair all one way."""
-    if len(own) != len(other):
+    if len(own) != len(other) or len(own) > MAX_CHILDREN:
         return None
-    fits = [[whole(mine, theirs) for theirs in other] for mine in own]
-    if not all(sum(row) == 1 for row in fits) or \
-            not all(sum(column) == 1 for column in zip(*fits, strict=True)):
-        return None
-    return [row.index(True) for row in fits]
+    taken: list[int] = []
+    for mine in own:  # a child that fits two, or none, ends it
+        fits = [k for k, theirs in enumerate(other) if whole(mine, theirs)]
+        if len(fits) != 1 or fits[0] in taken:
+            return None
+        taken.append(fits[0])
+    return taken
 
 
 def sibling_order(target_paths: Sequence[str], source_paths: Sequence[str],
@@ -75,13 +86,11 @@ def sibling_order(target_paths: Sequence[str], source_paths: Sequence[str],
     for parent, held in targets.items():
         by_size.setdefault(_sizes(held), []).append(parent)
     sources = _children(source_paths)
-    compared = 0
-    for parent in sorted(sources, key=lambda path: (path.count(".") if path else -1, path)):
+    for parent in sorted(sources, key=lambda path: (_depth(path), path)):
         children = list(sources[parent].values())
-        for other in by_size.get(_sizes(sources[parent]), ()):
-            compared += 1
-            if compared > MAX_PARENT_PAIRS:
-                return order
+        alike = by_size.get(_sizes(sources[parent]), [])
+        nearest = sorted(alike, key=lambda other: abs(_depth(other) - _depth(parent)))
+        for other in nearest[:MAX_CANDIDATES]:
             taken = _one_way(list(targets[other].values()), children, whole)
             if taken is None:
                 continue
@@ -133,6 +142,8 @@ def _partners(own: dict[str, list[int]], other: dict[str, list[int]],
     if len(own) == len(other) and all(name.isdigit() for name in [*own, *other]) and \
             all(whole(own[a], other[b]) for a, b in zip(own, other, strict=True)):
         return list(zip(own, other, strict=True))
+    if max(len(own), len(other)) > MAX_CHILDREN:
+        return []
     fits = {name: [partner for partner, theirs in other.items() if whole(mine, theirs)]
             for name, mine in own.items()}
     fitted: dict[str, int] = {}
