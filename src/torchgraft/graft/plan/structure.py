@@ -8,6 +8,13 @@ Two modules correspond when each pair of their tensors (by leaf name where both 
 same ones, else in order) fits: same shape, or the layout's transposed shape; same module kind
 where both kinds are known.
 
+Before aligning, the source's groups take the order the target's shapes give its parts
+(children that pair one to one by shape, lists numbered the other way turned:
+:mod:`~torchgraft.graft.plan.hierarchy`, :mod:`~torchgraft.graft.plan.numbering`); the steps
+below run on that order, and pairs are judged on the side's own. Modules that hold each
+other's one to one scope what the steps leave, and a context that places a module in a block
+(:data:`~torchgraft.graft.layouts.conventions.PLACES`) is set aside for what is left last.
+
 Alignment is partial, never all or nothing, and never a guess:
 
 0. Numbered blocks (units) first: when both sides have as many and each block's modules can
@@ -1190,12 +1197,7 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
         return Alignment({})
     judged, ua, ub = _prepared(a, b, fits, source_ordered=source_ordered,
                                numbers=source_numbers)
-    moved = sibling_order(ua.paths, ub.paths, partial(_whole, judged.match))
-    turns = turned(ua.paths, [ub.paths[k] for k in moved],
-                   (judged.classes[0], [judged.classes[1][k] for k in moved]),
-                   partial(_whole, judged.match[:, moved]))
-    if turns:
-        moved = [moved[k] for k in turned_order([ub.paths[k] for k in moved], turns)]
+    moved, turns = _as_the_target(judged, ua, ub)
     # aligned in the order the target's shapes give the source's parts; judged in its own
     aligner, ta, tb = (judged, ua, ub) if moved == sorted(moved) else _prepared(
         a, [b[k] for k in moved], fits, source_ordered=source_ordered, numbers=source_numbers)
@@ -1221,6 +1223,22 @@ def align(targets: list[str], sources: list[str], target_infos: dict[str, Tensor
                                                     targets=ua.paths))
     result.ambiguous = _ambiguous(judged)
     return result
+
+
+def _as_the_target(aligner: _Aligner, ua: _Units, ub: _Units) -> tuple[list[int], list[Turn]]:
+    """The source's groups in the order the target's shapes give its parts, and the turns.
+
+    Children that pair one to one by shape take the target's order
+    (:func:`~torchgraft.graft.plan.hierarchy.sibling_order`), then lists numbered the other
+    way are turned (:func:`~torchgraft.graft.plan.numbering.turned`).
+    """
+    moved = sibling_order(ua.paths, ub.paths, partial(_whole, aligner.match))
+    turns = turned(ua.paths, [ub.paths[k] for k in moved],
+                   (aligner.classes[0], [aligner.classes[1][k] for k in moved]),
+                   partial(_whole, aligner.match[:, moved]))
+    if turns:
+        moved = [moved[k] for k in turned_order([ub.paths[k] for k in moved], turns)]
+    return moved, turns
 
 
 def _prepared(a: list[_Group], b: list[_Group], fits: Fits, *, source_ordered: bool,
