@@ -117,6 +117,15 @@ class Side:
         return self.given_order
 
     @property
+    def order_at_hand(self) -> list[str]:
+        """Keys in the order known so far: of use where it was found, else as stored.
+
+        Never runs a model: for what any order serves (a model's first and last modules),
+        where finding the order of use would cost more than what it tells.
+        """
+        return self.given_order or list(self.tensors)
+
+    @property
     def ordered(self) -> bool:
         """Whether :attr:`order` is a real order of definition or use."""
         self._find_order()

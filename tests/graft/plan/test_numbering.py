@@ -211,14 +211,15 @@ def _experts(layers: int) -> list[str]:
 def test_comparing_modules_costs_in_proportion_to_the_model() -> None:
     """Counted, not timed: twice the layers, at most about twice the comparisons (many alike
     parents are not each compared with each)."""
+    calls: list[int] = []
+
+    def whole(rows: list[int], cols: list[int]) -> bool:
+        calls.append(1)
+        return len(rows) == len(cols)
+
     counts = []
     for layers in (8, 16, 32):
-        calls: list[int] = []
-
-        def whole(rows: list[int], cols: list[int]) -> bool:
-            calls.append(1)
-            return len(rows) == len(cols)
-
+        calls.clear()
         paths = _experts(layers)
         sibling_order(paths, paths, whole)
         aligned_subtrees(paths, paths, whole)

@@ -8,10 +8,18 @@ modules is put back.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
+import torchgraft as tg
 from torchgraft.graft.sides.model import module_side, order_of_use
+
+model_sides = importlib.import_module("torchgraft.graft.sides.model")
 
 
 class HeadFirst(nn.Module):
@@ -76,3 +84,26 @@ def test_a_module_side_asks_only_when_its_order_is_wanted() -> None:
     assert runs == []
     model(torch.tensor([[1, 2]]))
     assert runs == [1]
+
+
+def test_a_graft_by_names_never_runs_the_model_for_its_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key paired by name: no order of use is asked (a 100k-tensor model would pay a
+    forward for nothing). Other names ask it once: the control."""
+    asked: list[int] = []
+    found = model_sides.order_of_use
+
+    def counted(model: nn.Module, names: Sequence[str]) -> list[str] | None:
+        asked.append(1)
+        return found(model, names)
+
+    monkeypatch.setattr(model_sides, "order_of_use", counted)
+    source = HeadFirst()
+    torch.save(source.state_dict(), tmp_path / "same.pt")
+    assert tg.graft(tmp_path / "same.pt", HeadFirst()).ok
+    assert asked == []
+    renamed = {key.replace("embed.", "tokens."): value
+               for key, value in source.state_dict().items()}
+    torch.save(renamed, tmp_path / "other.pt")
+    tg.graft(tmp_path / "other.pt", HeadFirst())
+    assert asked == [1]

@@ -192,9 +192,10 @@ def _align(state: PassState, *, bare_apart: bool) -> None:
     """One alignment of what is left (see :func:`structure`)."""
     src, dst, pairs = state.src, state.dst, state.pairs
     filled = {dst.ties.get(t, t) for t in pairs}
-    left_t = [t for t in dst.order if t not in pairs and dst.ties.get(t, t) not in filled]
-    if not left_t:
-        return  # nothing to align: the source's order (sorted names: a natural sort) not asked
+    left = {t for t in dst.tensors if t not in pairs and dst.ties.get(t, t) not in filled}
+    if not left:
+        return  # nothing to align: neither side's order (a forward on meta, a sort) asked
+    left_t = [t for t in dst.order if t in left]
     left_s = [s for s in src.order if s in state.renamed and s not in state.paired]
     back = {state.renamed[s]: s for s in left_s}
     src_infos = {state.renamed[s]: renamed_info(src.tensors[s], state.renamed[s])
