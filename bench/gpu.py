@@ -94,6 +94,7 @@ from harness import (  # noqa: E402
     resident,
     rss_now,
     warm,
+    warm_graft,
 )
 
 GIB = 1 << 30
@@ -159,23 +160,6 @@ def _llama_on_meta(path: Path) -> Any:
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
                                                 dtype=torch.bfloat16)
-
-
-def _warm_up(folder: Path) -> None:
-    """Graft a one-tensor file first: the modules a graft imports on first use are loaded
-    before the clock starts, as torch, safetensors and transformers are for the others."""
-    import torch
-    from safetensors.torch import save_file
-    from torch import nn
-
-    import torchgraft as tg
-
-    path = folder / f"warm-{os.getpid()}.safetensors"
-    save_file({"weight": torch.zeros(2, 2)}, path)
-    with torch.device("meta"):
-        model = nn.Linear(2, 2, bias=False)
-    tg.graft(path, model)
-    path.unlink()
 
 
 def _shards(path: Path) -> list[str]:
@@ -288,7 +272,7 @@ def load(method: str, kind: str, path: Path, device: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         torch.zeros(1, device=device)  # the CUDA context, not timed
     if method.startswith("tg"):
-        _warm_up(path.parent)
+        warm_graft(path.parent)
     keep: list[Any] = []  # what must outlive the load: fastsafetensors' buffers
     hwm = reset_peak()
     before = rss_now()
@@ -335,7 +319,7 @@ def end_to_end(method: str, path: Path, device: str, out: Path) -> dict[str, Any
     if device.startswith("cuda"):
         torch.zeros(1, device=device)
     if method == "meta_graft":
-        _warm_up(path.parent)
+        warm_graft(path.parent)
     hwm = reset_peak()
     before = rss_now()
     start = time.perf_counter()

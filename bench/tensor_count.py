@@ -40,7 +40,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-from harness import pair_ratios, timed_steps, warm, worker  # noqa: E402
+from harness import pair_ratios, timed_steps, warm, warm_graft, worker  # noqa: E402
 
 #: Layout name: (layers, experts per layer, expert biases, DeepSeek attention and shared expert).
 LAYOUTS = {
@@ -133,23 +133,6 @@ def plan_only(path: Path, layout: str) -> dict[str, float]:
     return {"seconds": seconds, "bytes_per_tensor": held / count, "tensors": count}
 
 
-def warm_up(folder: Path) -> None:
-    """Graft a one-tensor file first: the modules a graft imports on first use are loaded
-    before the clock starts, as torch and safetensors are for the other side."""
-    import torch
-    from safetensors.torch import save_file
-    from torch import nn
-
-    import torchgraft as tg
-
-    path = folder / f"warm-{id(folder)}.safetensors"
-    save_file({"weight": torch.zeros(2, 2)}, path)
-    with torch.device("meta"):
-        model = nn.Linear(2, 2, bias=False)
-    tg.graft(path, model)
-    path.unlink()
-
-
 def run(method: str, path: Path, layout: str) -> dict[str, Any]:
     if method == "load_file":
         from safetensors.torch import load_file
@@ -161,7 +144,7 @@ def run(method: str, path: Path, layout: str) -> dict[str, Any]:
         return plan_only(path, layout)
     import torchgraft as tg
 
-    warm_up(path.parent)
+    warm_graft(path.parent)
     spent = timed_steps()
     model = build(layout)
     start = time.perf_counter()
