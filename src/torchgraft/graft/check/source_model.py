@@ -195,55 +195,65 @@ def from_folder(path: str | os.PathLike[str], *,
     inputs = from_config(data, path=folder / "config.json")
     origin = f"{folder / 'config.json'} ({cls.__name__})"
     if library.name == "diffusers":
-        return _diffusers_model(cls, data, inputs, origin)
+        entries = {k: v for k, v in data.items() if not k.startswith("_")}
+        return _described(cls, lambda: cls.from_config(entries),  # type: ignore[attr-defined]
+                          lambda model: _diffusers_config(model, entries), inputs, origin,
+                          _no_renames)
     try:
         config = cls.config_class.from_dict(dict(data))  # type: ignore[attr-defined]
     except Exception as exc:
         raise TorchgraftError(f"transformers cannot read config.json for {cls.__name__}: "
                               f"{type(exc).__name__}: {exc}", path=folder) from None
+    described = _what_computes(config)
 
-    def build() -> nn.Module:
-        with empty_parameters():
-            model: nn.Module = cls(config)
-        return model.eval()
+    def same_config(model: nn.Module) -> bool:
+        return described is not None and \
+            _what_computes(getattr(model, "config", None)) == described
 
-    def same_as(model: nn.Module) -> bool:
-        described = _what_computes(config)
-        if type(model) is not cls or described is None or \
-                _what_computes(getattr(model, "config", None)) != described:
-            return False
-        with torch.device("meta"):
-            twin: nn.Module = cls(config)
-        return _modules(twin) == _modules(model)
-
-    return SourceModel(build, inputs, origin, transformers_renames, same_as)
+    return _described(cls, lambda: cls(config), same_config, inputs, origin,
+                      transformers_renames)
 
 
-def _diffusers_model(cls: type[nn.Module], data: dict[str, Any], inputs: Inputs,
-                     origin: str) -> SourceModel:
-    """A diffusers model of a config (its entries that start with ``_`` say where it is from).
+def _described(cls: type[nn.Module], make: Callable[[], nn.Module],
+               same_config: Callable[[nn.Module], bool], inputs: Inputs, origin: str,
+               renames: Callable[[nn.Module], list[Rule]]) -> SourceModel:
+    """The model a config describes: built with its parameters on meta, in eval mode.
 
-    diffusers builds its models from the config's entries (``from_config``); a model is the
-    one this config describes when its class, its config's entries and its modules are.
+    A model is the very one it describes when its class and config (``same_config``) are, and
+    its modules are those a twin built on meta has.
+
+    Args:
+        cls: The config's class.
+        make: Builds the model of the config's class.
+        same_config: Whether a model has the config's entries.
+        inputs: The inputs the config describes.
+        origin: Where it comes from, for messages.
+        renames: Its library's renames of older names.
     """
-    entries = {k: v for k, v in data.items() if not k.startswith("_")}
-
     def build() -> nn.Module:
         with empty_parameters():
-            model: nn.Module = cls.from_config(entries)  # type: ignore[attr-defined]
+            model = make()
         return model.eval()
 
     def same_as(model: nn.Module) -> bool:
-        config = getattr(model, "config", None)
-        if type(model) is not cls or not isinstance(config, Mapping) or any(
-                json.dumps(config.get(k), default=str) != json.dumps(v, default=str)
-                for k, v in entries.items()):
+        if type(model) is not cls or not same_config(model):
             return False
         with torch.device("meta"):
-            twin: nn.Module = cls.from_config(entries)  # type: ignore[attr-defined]
+            twin = make()
         return _modules(twin) == _modules(model)
 
-    return SourceModel(build, inputs, origin, _no_renames, same_as)
+    return SourceModel(build, inputs, origin, renames, same_as)
+
+
+def _diffusers_config(model: nn.Module, entries: Mapping[str, Any]) -> bool:
+    """Whether a diffusers model's config has these entries.
+
+    Its own entries that start with ``_`` say where it is from, not what it computes.
+    """
+    config = getattr(model, "config", None)
+    return isinstance(config, Mapping) and all(
+        json.dumps(config.get(k), default=str) == json.dumps(v, default=str)
+        for k, v in entries.items())
 
 
 def transformers_renames(model: nn.Module) -> list[Rule]:
