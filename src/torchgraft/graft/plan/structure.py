@@ -369,10 +369,13 @@ class _Aligner:
             contexts: Each module's contexts on each side, those both sides name only.
             set_aside: Contexts not kept apart (:data:`PLACES`, for what is left).
         """
+        kept = [[tuple(c for c in cs if c not in set_aside) for cs in side] for side in contexts]
+        if not any(kept[0]) and not any(kept[1]):
+            self.match = self.shapes
+            return
         ids: dict[tuple[str, ...], int] = {}
-        side_a, side_b = (np.array([ids.setdefault(tuple(c for c in cs if c not in set_aside),
-                                                   len(ids)) for cs in side], dtype=np.int64)
-                          for side in contexts)
+        side_a, side_b = (np.array([ids.setdefault(cs, len(ids)) for cs in side], dtype=np.int64)
+                          for side in kept)
         self.match = self.shapes & (side_a[:, None] == side_b[None, :])
 
     def _free(self) -> tuple[list[int], list[int]]:
