@@ -159,7 +159,7 @@ class Checkpoint:
         Reading one turns any failure into a :class:`TorchgraftError` naming the file and the
         key, whoever reads it (graft, convert, diff).
         """
-        return {name: _guarded(ref, name, self.path) for name, ref in self._weights.items()}
+        return {name: _Named(ref, name, self.path) for name, ref in self._weights.items()}
 
     def items_meta(self) -> list[tuple[str, TensorMeta]]:
         """Return every weight's name and metadata, in stored order."""
@@ -180,35 +180,40 @@ class Checkpoint:
         return f"<Checkpoint {self.format} '{self.path}': {len(self)} weights>"
 
 
-def _guarded(ref: TensorRef, name: str, path: Path) -> TensorRef:
+class _Named(TensorRef):
     """The same lazy tensor, its reads turning any failure into an error naming file and key.
 
-    Partials of module functions, not closures: a checkpoint of 100k tensors makes 100k of
-    them on opening.
+    One object per key, its readers methods (not functions held, as
+    :class:`~torchgraft.meta.TensorRef`'s): a checkpoint of 100k tensors makes 100k of them
+    on opening.
     """
-    return TensorRef(ref.meta, functools.partial(_read, ref, name, path),
-                     functools.partial(_read_into, ref, name, path), alias_key=ref.alias_key,
-                     span=ref.span, read_box=functools.partial(_read_box, ref, name, path))
 
+    __slots__ = ("_inner", "_name", "_path")
 
-def _read(ref: TensorRef, name: str, path: Path) -> torch.Tensor:
-    try:  # no context managers on the way in: 100k tensors read at a few us each
-        return ref.read()
-    except Exception as exc:
-        _named(exc, name, path)
+    def __init__(self, ref: TensorRef, name: str, path: Path) -> None:
+        # not TensorRef.__init__: the readers it would store are this class's methods
+        self.meta = ref.meta
+        self.alias_key = ref.alias_key
+        self.span = ref.span
+        self._inner = ref
+        self._name = name
+        self._path = path
 
+    def read(self) -> torch.Tensor:
+        try:  # no context managers on the way in: 100k tensors read at a few us each
+            return self._inner.read()
+        except Exception as exc:
+            _named(exc, self._name, self._path)
 
-def _read_into(ref: TensorRef, name: str, path: Path, out: torch.Tensor) -> None:
-    try:
-        ref.read_into(out)
-    except Exception as exc:
-        _named(exc, name, path)
+    def _read_into(self, out: torch.Tensor) -> None:
+        try:
+            self._inner.read_into(out)
+        except Exception as exc:
+            _named(exc, self._name, self._path)
 
-
-def _read_box(ref: TensorRef, name: str, path: Path, start: tuple[int, ...],
-              out: torch.Tensor) -> None:
-    with reading(path), _naming(name):
-        ref.read_box(start, out)
+    def _read_box(self, start: tuple[int, ...], out: torch.Tensor) -> None:
+        with reading(self._path), _naming(self._name):
+            self._inner.read_box(start, out)
 
 
 def _named(exc: Exception, name: str, path: Path) -> NoReturn:

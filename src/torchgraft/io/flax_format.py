@@ -35,7 +35,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta, TensorRef, torch_dtype_of_numpy
 from .base import Contents, Format, ReadOptions
 from .framework import ATTENTION_PROJECTIONS, Leaf, record_head_dim, relaid, torch_layout
-from .source import FileSource, plain_ref
+from .source import FileSource, FileTensor
 
 __all__ = ["FORMAT", "LEAVES", "flax_key", "flax_tree"]
 
@@ -225,7 +225,7 @@ def _array_ref(source: FileSource, array: _Array, where: str, *, layer: int | No
     if layer is not None:
         shape = array.shape[1:]
         offset += layer * math.prod(shape) * dtype.itemsize
-    return plain_ref(source, offset, TensorMeta.of(shape, dtype), what=f"'{where}'")
+    return FileTensor(source, offset, TensorMeta.of(shape, dtype), what=f"'{where}'")
 
 
 def _chunked_ref(source: FileSource, node: dict[str, Any], where: str) -> TensorRef:

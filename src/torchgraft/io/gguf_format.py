@@ -24,7 +24,7 @@ from ..gguf_header import MAGIC, GgufTensor, plan
 from ..meta import TensorMeta, TensorRef
 from .base import Contents, Format, ReadOptions
 from .framework import import_optional
-from .source import FileSource, plain_ref
+from .source import FileSource, FileTensor
 
 __all__ = ["FORMAT", "unpermute_rotary"]
 
@@ -53,9 +53,10 @@ def _dequantize(raw: torch.Tensor, kind: str, shape: tuple[int, ...]) -> torch.T
 
 def _ref(source: FileSource, tensor: GgufTensor) -> TensorRef:
     name, shape, offset, nbytes = tensor.name, tensor.shape, tensor.offset, tensor.nbytes
+    ref: TensorRef
     if tensor.dtype is not None:
-        ref = plain_ref(source, offset, TensorMeta.of(shape, getattr(torch, tensor.dtype)),
-                        what=f"tensor '{name}'")
+        ref = FileTensor(source, offset, TensorMeta.of(shape, getattr(torch, tensor.dtype)),
+                         what=f"tensor '{name}'")
     else:
         def read_quantized() -> torch.Tensor:
             raw = source.array(offset, nbytes, torch.uint8, what=f"tensor '{name}'")

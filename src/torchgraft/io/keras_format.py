@@ -45,7 +45,7 @@ from .framework import (
     relaid,
     torch_layout,
 )
-from .source import FileSource, plain_ref
+from .source import FileSource, FileTensor
 from .torch_zip import first_zip_entry, read_member, zip_data_offset
 from .window import Window, WindowStream
 
@@ -161,7 +161,7 @@ def _dataset_ref(dataset: Any, source: FileSource | None, base: int, name: str,
     if plain and source is not None:
         start = base + int(offset)
         source.check_range(start, meta.nbytes, what=f"'{name}'")
-        return plain_ref(source, start, meta, what=f"'{name}'")
+        return FileTensor(source, start, meta, what=f"'{name}'")
     limit = _MAX_RATIO * max(source.size if source is not None else 0, 1 << 20)
     if meta.nbytes > limit:
         raise CorruptCheckpointError(f"'{name}' claims {shape} ({meta.nbytes} bytes), more than "

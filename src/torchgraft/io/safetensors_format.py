@@ -22,7 +22,7 @@ from ..errors import CorruptCheckpointError, UnsupportedCheckpointError
 from ..meta import TensorMeta
 from .base import Contents, Format, ReadOptions, WriteJob, closed_on_error, unwritable
 from .copy import FileCopier
-from .source import ByteSource, FileSource, plain_ref
+from .source import ByteSource, FileSource, FileTensor
 
 __all__ = ["ALIASES_KEY", "DTYPES", "EXTRAS_KEY", "FORMAT", "WEIGHTS_KEY", "read_header",
            "write"]
@@ -128,7 +128,7 @@ def _root(source: FileSource, path: Path) -> dict[str, Any]:
     for name, entry in entries.items():
         begin, end = entry["data_offsets"]  # checked: whole numbers of elements
         meta = TensorMeta(tuple(entry["shape"]), DTYPES[entry["dtype"]], end - begin)
-        root[name] = plain_ref(source, start + begin, meta,
+        root[name] = FileTensor(source, start + begin, meta,
                                what=f"tensor '{name}'")
     aliases = _json_entry(metadata, ALIASES_KEY, path)
     for alias, written in aliases.items():

@@ -19,8 +19,8 @@ from ..meta import TensorMeta, TensorRef
 from .boxes import box_reader
 from .contain import open_regular
 
-__all__ = ["ByteSource", "FileSource", "MemorySource", "check_view", "contiguous_strides",
-           "file_named", "released_on_failure", "strided"]
+__all__ = ["ByteSource", "FileSource", "FileTensor", "MemorySource", "check_view",
+           "contiguous_strides", "file_named", "released_on_failure", "strided"]
 
 #: The file sources opened inside the innermost :func:`released_on_failure` block.
 _OPENED: ContextVar[list[FileSource] | None] = ContextVar("torchgraft_opened", default=None)
@@ -346,29 +346,47 @@ def strided(flat: torch.Tensor, shape: tuple[int, ...], stride: tuple[int, ...],
     return flat.as_strided(shape, stride, flat.storage_offset() + offset)
 
 
-def plain_ref(source: FileSource, offset: int, meta: TensorMeta, *, what: str) -> TensorRef:
-    """A lazy tensor stored plainly (row-major, native order) at ``offset`` of ``source``.
+class FileTensor(TensorRef):
+    """A lazy tensor stored plainly (row-major, native order) at an offset of an open file.
 
     Reads go through the held file's checked reads: the whole tensor, straight into a
     destination (``read_into``), or one block of it (``read_box``, a sharded target's part).
+    Its readers are methods, where :class:`~torchgraft.meta.TensorRef` holds functions: a
+    checkpoint of 100k tensors makes one object per tensor on opening, not five.
 
     Args:
         source: The open file.
         offset: Where the tensor's bytes start.
         meta: Its shape and dtype.
         what: Named in errors (e.g. ``"tensor 'fc.weight'"``).
-
-    Returns:
-        The reference.
     """
-    def read() -> torch.Tensor:
-        return source.array(offset, meta.nbytes, meta.dtype, what=what, shape=meta.shape)
 
-    def read_into(out: torch.Tensor) -> None:
-        source.read_into(offset, out, what=what)
+    __slots__ = ("_offset", "_source", "_what")
 
-    def read_at(start: int, out: torch.Tensor) -> None:
-        source.read_into(offset + start, out, what=what)
+    def __init__(self, source: FileSource, offset: int, meta: TensorMeta, *,
+                 what: str) -> None:
+        # not TensorRef.__init__: the readers it would store are this class's methods
+        self.meta = meta
+        self.alias_key = ("ref", id(self))
+        self._source = source
+        self._offset = offset
+        self._what = what
 
-    return TensorRef(meta, read, read_into, span=lambda: source.place(offset),
-                     read_box=box_reader(meta.shape, meta.dtype, read_at))
+    def read(self) -> torch.Tensor:
+        """Read the tensor: a memory-mapped view of the file where aligned, else a copy."""
+        meta = self.meta
+        return self._source.array(self._offset, meta.nbytes, meta.dtype, what=self._what,
+                                  shape=meta.shape)
+
+    def _read_into(self, out: torch.Tensor) -> None:
+        self._source.read_into(self._offset, out, what=self._what)
+
+    def _read_at(self, start: int, out: torch.Tensor) -> None:
+        self._source.read_into(self._offset + start, out, what=self._what)
+
+    def _read_box(self, start: tuple[int, ...], out: torch.Tensor) -> None:
+        box_reader(self.meta.shape, self.meta.dtype, self._read_at)(start, out)
+
+    def span(self) -> tuple[str, int]:
+        """Where the bytes lie: the held file's name and the offset there."""
+        return self._source.place(self._offset)
