@@ -190,6 +190,8 @@ def _rest(obj: dict[Any, Any], prefix: str, key: str, weight_sets: dict[str, int
           used: set[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in obj.items():
+        if _used(value, used):  # the chosen weights: most entries, no path to build
+            continue
         path = f"{prefix}{name}"
         if path == key or key.startswith(path + "."):
             if isinstance(value, dict):
@@ -199,7 +201,7 @@ def _rest(obj: dict[Any, Any], prefix: str, key: str, weight_sets: dict[str, int
         elif path in weight_sets:
             out[str(name)] = (f"<weights: {weight_sets[path]} tensors; "
                               f"open with weights_key='{path}'>")
-        elif not _used(value, used):
+        else:
             out[str(name)] = to_plain(value)
     return out
 

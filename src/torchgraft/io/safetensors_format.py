@@ -41,6 +41,8 @@ DTYPES: dict[str, torch.dtype] = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 _MAX_HEADER = 100 * 1024 * 1024
+#: A shape's dimensions are all of these types (``bool`` is not an ``int`` here).
+_INTS = frozenset({int})
 
 
 def _magic(head: bytes) -> bool:
@@ -101,7 +103,7 @@ def _checked(name: str, entry: Any, source: ByteSource, start: int) -> dict[str,
             raise UnsupportedCheckpointError(f"tensor '{name}' has dtype {dtype}, not read yet",
                                              path=source.name)
         raise _bad(name, f"has unknown dtype {dtype!r}", source)
-    if type(shape) is not list or any(type(d) is not int or d < 0 for d in shape):
+    if type(shape) is not list or not {*map(type, shape)} <= _INTS or min(shape, default=0) < 0:
         raise _bad(name, f"has a malformed shape {shape!r}", source)
     if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
             or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):

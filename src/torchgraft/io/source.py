@@ -252,15 +252,14 @@ class FileSource(ByteSource):
         return _SLICE(storage, slice(offset, offset + nbytes))
 
     def _raw(self, offset: int, nbytes: int) -> torch.Tensor:
-        raw = torch.empty(0, dtype=torch.uint8, device="cpu")  # also under torch.device("meta")
-        return raw.set_(self._slice(offset, nbytes), 0, (nbytes,), (1,))
+        return _empty_cpu(torch.uint8).set_(self._slice(offset, nbytes), 0, (nbytes,), (1,))
 
     def _mapped(self, offset: int, nbytes: int, dtype: torch.dtype,
                 shape: tuple[int, ...]) -> torch.Tensor | None:
         if offset % dtype.itemsize:  # the mapping starts on a page: this is the alignment
             return None
-        out = torch.empty(0, dtype=dtype, device="cpu")
-        return out.set_(self._slice(offset, nbytes), 0, shape, ())  # () strides: contiguous
+        # () strides: contiguous
+        return _empty_cpu(dtype).set_(self._slice(offset, nbytes), 0, shape, ())
 
     def close(self) -> None:
         """Close the file and drop the mapping (tensors already read keep the mapping alive)."""
@@ -269,6 +268,19 @@ class FileSource(ByteSource):
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+#: An empty CPU tensor per dtype: ``new()`` of one is a new empty tensor, on the CPU also under
+#: ``torch.device("meta")``, at half the cost of ``torch.empty`` (100k tensors are mapped).
+_EMPTY: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _empty_cpu(dtype: torch.dtype) -> torch.Tensor:
+    """A new empty CPU tensor of ``dtype``, to set onto a storage."""
+    proto = _EMPTY.get(dtype)
+    if proto is None:
+        proto = _EMPTY[dtype] = torch.empty(0, dtype=dtype, device="cpu")
+    return proto.new()
 
 
 def file_named(path: str) -> str:

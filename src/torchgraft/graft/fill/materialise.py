@@ -10,11 +10,12 @@ own (memory-mapped where the format allows); the others are read into new storag
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
+from ...meta import TensorRef
 from ..sides.model import tied_keys
 from ..sides.walk import ModelTensors
 
@@ -26,7 +27,7 @@ META_DEFAULTS = {re.compile(r"(^|\.)num_batches_tracked$"): 0}
 
 def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
                 zeroed: Iterable[str] = (),
-                values: Mapping[str, Callable[[], torch.Tensor]] | None = None,
+                values: Mapping[str, TensorRef] | None = None,
                 state: dict[str, torch.Tensor] | None = None,
                 tensors: ModelTensors | None = None) -> set[str]:
     """Give real storage to the meta tensors among ``keys`` (state-dict names).
@@ -58,17 +59,22 @@ def materialise(model: nn.Module, keys: Iterable[str], device: torch.device, *,
         old = state.get(key)
         if old is None or not old.is_meta:  # done already (under a tied name too)
             continue
-        read = values.get(key)
-        if read is not None:
-            new = read()
+        ref = values.get(key)
+        if ref is not None:
+            new = ref.read()
             assigned.add(key)
         else:
             new = (torch.zeros if key in zero else torch.empty)(old.shape, dtype=old.dtype,
                                                                   device=device)
         if isinstance(old, nn.Parameter):
             new = nn.Parameter(new, requires_grad=old.requires_grad)
-        for store, name in holders.get(id(old), ()):
+        ident = id(old)
+        for store, name in holders.get(ident, ()):
             store[name] = new
-        for name in others.get(id(old), (key,)):
-            state[name] = new
+        tied = others.get(ident)
+        if tied is None:
+            state[key] = new
+        else:
+            for name in tied:
+                state[name] = new
     return assigned

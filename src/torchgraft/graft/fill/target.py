@@ -131,6 +131,6 @@ def _zeroed(plan: Plan) -> list[str]:
         k for k in plan.missing if any(p.search(k) for p in META_DEFAULTS)]
 
 
-def _as_stored(plan: Plan, refs: dict[str, TensorRef]) -> dict[str, Callable[[], torch.Tensor]]:
-    """Keys copied as stored, to the read that gives the checkpoint's own tensor."""
-    return {s.target: refs[s.source].read for s in plan.steps if not s.ops and not s.cast}
+def _as_stored(plan: Plan, refs: dict[str, TensorRef]) -> dict[str, TensorRef]:
+    """Keys copied as stored, to the lazy tensor whose read is the checkpoint's own tensor."""
+    return {s.target: refs[s.source] for s in plan.steps if not s.ops and not s.cast}

@@ -71,11 +71,13 @@ __all__ = ["KEPT_VALUES", "PASSES", "computed_assumption", "run_passes"]
 
 def _pair_by(targets: dict[str, str], sources: dict[str, str]) -> dict[str, str]:
     """Pair target and source keys whose transformed names are equal and unique."""
-    by_name: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    shared: set[str] = set()  # names several sources have: no pair
     for source, name in sources.items():
-        by_name.setdefault(name, []).append(source)
-    return {t: by_name[name][0] for t, name in targets.items()
-            if len(by_name.get(name, ())) == 1}
+        if by_name.setdefault(name, source) != source:
+            shared.add(name)
+    return {t: by_name[name] for t, name in targets.items()
+            if name in by_name and name not in shared}
 
 
 def _common_prefixes(targets: list[str], sources: list[str]) -> dict[str, str]:
@@ -191,6 +193,8 @@ def structure(state: PassState) -> None:
 def _align(state: PassState, *, bare_apart: bool) -> None:
     """One alignment of what is left (see :func:`structure`)."""
     src, dst, pairs = state.src, state.dst, state.pairs
+    if len(pairs) == len(dst.tensors):
+        return  # every target paired (the common case): no sets of 100k keys to build
     filled = {dst.ties.get(t, t) for t in pairs}
     left = {t for t in dst.tensors if t not in pairs and dst.ties.get(t, t) not in filled}
     if not left:
@@ -277,10 +281,12 @@ def transforms(state: PassState) -> None:
     """What each pair needs on the way, or why it cannot be filled."""
     options = replace(state.options, derived={**state.options.derived, **state.inferred}) \
         if state.inferred else state.options
+    heads = bool(state.src.head_dims and state.dst.head_dims)  # else no mismatch to find
     for target in state.dst.tensors:
         source = state.pairs.get(target)
         if source is not None and target not in state.plan.tied:
-            mismatch = head_size_mismatch(target, source, state.src, state.dst)
+            mismatch = head_size_mismatch(target, source, state.src, state.dst) if heads \
+                else None
             if mismatch is not None:
                 state.plan.missing[target] = mismatch
                 state.plan.unused[source] = f"its attention heads do not fit '{target}'"

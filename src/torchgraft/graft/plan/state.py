@@ -74,8 +74,16 @@ class PassState:
                 self.how[target] = step or self.how_renamed[source]
 
     def left(self) -> tuple[list[str], list[str]]:
-        """Target keys and renamed source keys not paired yet."""
-        return ([t for t in self.dst.tensors if t not in self.pairs],
+        """Target keys not paired yet, and the renamed source keys not paired yet.
+
+        Once every target is paired, neither is listed (pairs are keyed by target keys: a
+        count says so): every pass that asks has nothing left to do then, and a model of
+        100k tensors is not walked again for each of them.
+        """
+        pairs = self.pairs
+        if len(pairs) == len(self.dst.tensors):
+            return [], []
+        return ([t for t in self.dst.tensors if t not in pairs],
                 [s for s in self.renamed if s not in self.paired])
 
 

@@ -154,8 +154,8 @@ class Options:
         """Options with the target's vocabularies and heads found once."""
         vocab = frozenset(info.shape[0] for info in dst.tensors.values()
                           if info.kind == "embedding" and len(info.shape) == 2)
-        modules = [dst.tensors[k].module for k in dst.order_at_hand
-                   if dst.tensors[k].kind != "norm"]
+        infos = dst.tensors
+        modules = [info.module for k in dst.order_at_hand if (info := infos[k]).kind != "norm"]
         heads = {m for m in dict.fromkeys(modules)  # one regex first: 100k modules
                  if _HEAD.regex.search(m) and role_of(m) == "head"}
         heads |= {modules[-1]} if modules else set()

@@ -133,16 +133,18 @@ def _attribute(module: nn.Module, name: str) -> Any:
     return getattr(module, name) if hasattr(type(module), name) else None
 
 
-#: Module class to whether it has a ``head_dim`` or ``head_size`` of its own (asked once).
-_HEADS_CLASSES: dict[type, bool] = {}
+#: Module class to its kind and whether it has ``head_dim`` or ``head_size`` (an attribute, a
+#: property): asked once per class.
+_CLASS_FACTS: dict[type, tuple[str | None, bool]] = {}
 
 
-def _heads_class(cls: type) -> bool:
-    """Whether a module class has ``head_dim`` or ``head_size`` (an attribute, a property)."""
-    found = _HEADS_CLASSES.get(cls)
-    if found is None:
-        found = _HEADS_CLASSES[cls] = hasattr(cls, "head_dim") or hasattr(cls, "head_size")
-    return found
+def _class_facts(cls: type[nn.Module]) -> tuple[str | None, bool]:
+    """A module class's kind (:data:`MODULE_KINDS`), and whether it says its heads."""
+    facts = _CLASS_FACTS.get(cls)
+    if facts is None:
+        facts = _CLASS_FACTS[cls] = (MODULE_KINDS.get(_class_name(cls)),
+                                     hasattr(cls, "head_dim") or hasattr(cls, "head_size"))
+    return facts
 
 
 @dataclass
@@ -153,9 +155,7 @@ class _Heads:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def add(self, path: str, module: nn.Module) -> None:
-        own = module.__dict__
-        if "head_dim" not in own and "head_size" not in own and not _heads_class(type(module)):
-            return  # most modules: nothing to ask
+        """What an attention module (one that has ``head_dim`` or ``head_size``) says."""
         head_dim = _attribute(module, "head_dim")
         if head_dim is None:
             head_dim = _attribute(module, "head_size")  # GPT-NeoX's attention
@@ -169,19 +169,30 @@ class _Heads:
 def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
                modules: Sequence[tuple[str, nn.Module]] | None = None,
                ) -> tuple[dict[str, TensorInfo], _Heads, frozenset[str]]:
-    """Infos with module kinds, attention heads and persistent buffers, from one walk."""
+    """Infos with module kinds, attention heads and persistent buffers, from one walk.
+
+    A tight loop: a model of 100k tensors has tens of thousands of modules, most of them
+    without buffers, a kind or heads.
+    """
     kinds: dict[str, str] = {}
     heads = _Heads()
     buffers: set[str] = set()
     for path, module in model.named_modules() if modules is None else modules:
-        buffers.update(f"{path}.{name}" if path else name for name in module._buffers
-                       if name not in module._non_persistent_buffers_set)
-        kind = MODULE_KINDS.get(_class_name(type(module)))
+        prefix = f"{path}." if path else ""
+        own = module._buffers
+        if own:
+            transient = module._non_persistent_buffers_set
+            buffers.update(prefix + name for name in own if name not in transient)
+        kind, heads_class = _class_facts(type(module))
         if kind is not None:
-            for name in (*module._parameters, *module._buffers):
-                kinds[f"{path}.{name}" if path else name] = kind
-        heads.add(path, module)
-    return {name: TensorInfo(name, tuple(t.shape), t.dtype, kinds.get(name))
+            for name in module._parameters:
+                kinds[prefix + name] = kind
+            for name in own:
+                kinds[prefix + name] = kind
+        if heads_class or "head_dim" in module.__dict__ or "head_size" in module.__dict__:
+            heads.add(path, module)  # most modules: nothing to ask
+    get = kinds.get
+    return {name: TensorInfo(name, tuple(t.shape), t.dtype, get(name))
             for name, t in tensors.items()}, heads, frozenset(buffers & tensors.keys())
 
 
