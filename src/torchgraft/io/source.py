@@ -364,7 +364,8 @@ class FileTensor(TensorRef):
     Reads go through the held file's checked reads: the whole tensor, straight into a
     destination (``read_into``), or one block of it (``read_box``, a sharded target's part).
     Its readers are methods, where :class:`~torchgraft.meta.TensorRef` holds functions: a
-    checkpoint of 100k tensors makes one object per tensor on opening, not five.
+    checkpoint of 100k tensors makes one object per tensor on opening, not one and the four
+    functions it would hold.
 
     Args:
         source: The open file.
