@@ -93,7 +93,8 @@ def build_plan(src: Side, dst: Side, *, rules: Sequence[Rule] = (),
     state = PassState(src, dst, Plan(init=init), options, rules=rules, match=match,
                      ruled=frozenset(ruled), described=described or Described())
     plan = run_passes(state)
-    dequantized = [s.target for s in plan.steps if any(isinstance(o, Dequantize) for o in s.ops)]
+    dequantized = [s.target for s in plan.steps  # most steps have no ops: no generator each
+                   if s.ops and any(isinstance(o, Dequantize) for o in s.ops)]
     if dequantized:
         plan.warnings.append(
             f"{len(dequantized)} tensors ('{dequantized[0]}'...) were stored quantized and were "

@@ -386,7 +386,7 @@ ROTARY_SETTLE = COMPARE  # a wrong order is then found and undone
 def _across(state: PassState) -> bool:
     """Whether a key was paired by structure or through another code base's layout."""
     return any(step.matched_by == MatchStep.STRUCTURE or step.source in state.across
-               or any(isinstance(reversible(op), _LAYOUT_OPS) for op in step.ops)
+               or (step.ops and any(isinstance(reversible(op), _LAYOUT_OPS) for op in step.ops))
                for step in state.plan.steps)
 
 
