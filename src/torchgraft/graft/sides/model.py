@@ -189,8 +189,9 @@ def _described(model: nn.Module, tensors: dict[str, torch.Tensor],
                 kinds[prefix + name] = kind
             for name in own:
                 kinds[prefix + name] = kind
+        # most modules say nothing of heads: only those that do are asked
         if heads_class or "head_dim" in module.__dict__ or "head_size" in module.__dict__:
-            heads.add(path, module)  # most modules: nothing to ask
+            heads.add(path, module)
     get = kinds.get
     return {name: TensorInfo(name, tuple(t.shape), t.dtype, get(name))
             for name, t in tensors.items()}, heads, frozenset(buffers & tensors.keys())
