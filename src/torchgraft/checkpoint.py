@@ -183,15 +183,14 @@ class Checkpoint:
 class _Named(TensorRef):
     """The same lazy tensor, its reads turning any failure into an error naming file and key.
 
-    One object per key, its readers methods (not functions held, as
-    :class:`~torchgraft.meta.TensorRef`'s): a checkpoint of 100k tensors makes 100k of them
-    on opening.
+    One object per key, its readers methods (see :class:`~torchgraft.meta.TensorRef`): a
+    checkpoint of 100k tensors makes 100k of them on opening.
     """
 
     __slots__ = ("_inner", "_name", "_path")
 
     def __init__(self, ref: TensorRef, name: str, path: Path) -> None:
-        # not TensorRef.__init__: the readers it would store are this class's methods
+        # its readers are methods: not TensorRef.__init__ (see TensorRef)
         self.meta = ref.meta
         self.alias_key = ref.alias_key
         self.span = ref.span

@@ -128,6 +128,12 @@ class TensorRef:
             block of the tensor that starts at the given index and has the tensor's shape,
             reading only that block's bytes (:func:`torchgraft.io.boxes.box_reader`); ``None``
             if the format cannot, and the whole tensor is read and cut.
+
+    A subclass of which 100k are made may define ``read``, ``_read_into``, ``_read_box`` and
+    ``span`` as methods instead of holding functions (one object per tensor, not five): its
+    methods stand in for the slots of the same names, it sets :attr:`meta` and
+    :attr:`alias_key` itself and does not call this ``__init__``
+    (:class:`~torchgraft.io.source.FileTensor`).
     """
 
     __slots__ = ("_read", "_read_box", "_read_into", "alias_key", "meta", "span")

@@ -130,8 +130,7 @@ def _root(source: FileSource, path: Path) -> dict[str, Any]:
     for name, entry in entries.items():
         begin, end = entry["data_offsets"]  # checked: whole numbers of elements
         meta = TensorMeta(tuple(entry["shape"]), DTYPES[entry["dtype"]], end - begin)
-        root[name] = FileTensor(source, start + begin, meta,
-                               what=f"tensor '{name}'")
+        root[name] = FileTensor(source, start + begin, meta, what=f"tensor '{name}'")
     aliases = _json_entry(metadata, ALIASES_KEY, path)
     for alias, written in aliases.items():
         if written not in root:

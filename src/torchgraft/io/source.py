@@ -363,9 +363,8 @@ class FileTensor(TensorRef):
 
     Reads go through the held file's checked reads: the whole tensor, straight into a
     destination (``read_into``), or one block of it (``read_box``, a sharded target's part).
-    Its readers are methods, where :class:`~torchgraft.meta.TensorRef` holds functions: a
-    checkpoint of 100k tensors makes one object per tensor on opening, not one and the four
-    functions it would hold.
+    Its readers are methods (see :class:`~torchgraft.meta.TensorRef`): a checkpoint of 100k
+    tensors makes one object per tensor on opening.
 
     Args:
         source: The open file.
@@ -378,7 +377,7 @@ class FileTensor(TensorRef):
 
     def __init__(self, source: FileSource, offset: int, meta: TensorMeta, *,
                  what: str) -> None:
-        # not TensorRef.__init__: the readers it would store are this class's methods
+        # its readers are methods: not TensorRef.__init__ (see TensorRef)
         self.meta = meta
         self.alias_key = ("ref", id(self))
         self._source = source

@@ -192,9 +192,9 @@ def structure(state: PassState) -> None:
 
 def _align(state: PassState, *, bare_apart: bool) -> None:
     """One alignment of what is left (see :func:`structure`)."""
+    if state.all_paired:
+        return  # the common case: no sets of 100k keys to build
     src, dst, pairs = state.src, state.dst, state.pairs
-    if len(pairs) == len(dst.tensors):
-        return  # every target paired (the common case): no sets of 100k keys to build
     filled = {dst.ties.get(t, t) for t in pairs}
     left = {t for t in dst.tensors if t not in pairs and dst.ties.get(t, t) not in filled}
     if not left:
@@ -281,12 +281,10 @@ def transforms(state: PassState) -> None:
     """What each pair needs on the way, or why it cannot be filled."""
     options = replace(state.options, derived={**state.options.derived, **state.inferred}) \
         if state.inferred else state.options
-    heads = bool(state.src.head_dims and state.dst.head_dims)  # else no mismatch to find
     for target in state.dst.tensors:
         source = state.pairs.get(target)
         if source is not None and target not in state.plan.tied:
-            mismatch = head_size_mismatch(target, source, state.src, state.dst) if heads \
-                else None
+            mismatch = head_size_mismatch(target, source, state.src, state.dst)
             if mismatch is not None:
                 state.plan.missing[target] = mismatch
                 state.plan.unused[source] = f"its attention heads do not fit '{target}'"

@@ -73,17 +73,23 @@ class PassState:
                 self.paired.add(source)
                 self.how[target] = step or self.how_renamed[source]
 
+    @property
+    def all_paired(self) -> bool:
+        """Whether every target key is paired: a count (pairs are keyed by target keys).
+
+        Then no pass has anything left to do, and a model of 100k tensors is not walked
+        again for each of them.
+        """
+        return len(self.pairs) == len(self.dst.tensors)
+
     def left(self) -> tuple[list[str], list[str]]:
         """Target keys not paired yet, and the renamed source keys not paired yet.
 
-        Once every target is paired, neither is listed (pairs are keyed by target keys: a
-        count says so): every pass that asks has nothing left to do then, and a model of
-        100k tensors is not walked again for each of them.
+        Neither is listed once :attr:`all_paired`.
         """
-        pairs = self.pairs
-        if len(pairs) == len(self.dst.tensors):
+        if self.all_paired:
             return [], []
-        return ([t for t in self.dst.tensors if t not in pairs],
+        return ([t for t in self.dst.tensors if t not in self.pairs],
                 [s for s in self.renamed if s not in self.paired])
 
 

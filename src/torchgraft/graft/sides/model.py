@@ -430,9 +430,8 @@ def module_side(model: nn.Module, example_inputs: Any = None, *,
     """
     tensors = state_tensors(model) if tensors is None else tensors
     infos, heads, buffers = _described(model, tensors, modules)
-    if example_inputs is not None:
-        return Side(infos, call_order(model, example_inputs, list(infos)),
-                    ties=tied_keys(tensors), head_dims=heads.dims, head_counts=heads.counts,
-                    buffers=buffers)
-    return Side(infos, ties=tied_keys(tensors), head_dims=heads.dims, head_counts=heads.counts,
-                buffers=buffers, order_of_use=partial(_of_module, model, list(infos)))
+    names = list(infos)
+    given = example_inputs is not None
+    return Side(infos, call_order(model, example_inputs, names) if given else [],
+                ties=tied_keys(tensors), head_dims=heads.dims, head_counts=heads.counts,
+                buffers=buffers, order_of_use=None if given else partial(_of_module, model, names))
