@@ -15,7 +15,7 @@ Two more sides give the scale: the expert way into a meta model (``load_file``, 
 ``load_state_dict(assign=True)``), and the floor of any loader that puts each tensor in its
 module from Python (header parsed, file mapped, a tensor per key put in its module: no check,
 no plan, no report). ``load_file`` runs in a process holding nothing else, as when the targets
-were set; with the model built first its own time grows by a sixth (Python's collector walks
+were set; with the model built first its own time grows by 14% (Python's collector walks
 the model's objects, which the graft pauses).
 
 Issue 34 asks for at most 1.5x on the 100k layout: not met. On the 2-core development
@@ -190,7 +190,7 @@ def run(method: str, path: Path, layout: str) -> dict[str, Any]:
         from safetensors.torch import load_file
 
         # load_file alone in a bare process, as the targets were set; with the model built
-        # first its own time grows by a sixth (the collector walks the model's objects)
+        # first its own time grows by 14% (the collector walks the model's objects)
         model = build(layout) if method == "assign" else None
         start = time.perf_counter()
         tensors = load_file(path)
