@@ -62,10 +62,8 @@ LAYOUTS = {
     "100k": (65, 256, True, True),  # DeepSeek-V3 has 61 layers; 65 make 100k tensors
 }
 HIDDEN, INNER = 8, 4
-#: The sides, each in fresh processes, alternating: safetensors' ``load_file`` (what the
-#: targets are against, in a process holding nothing else), the expert way into a meta model
-#: (``load_file``, then ``load_state_dict(assign=True)``), the floor of any loader that puts
-#: each tensor in its module from Python (:func:`floor`), and the graft.
+#: The sides (the module's docstring says what each is): ``load_file``, the expert way into a
+#: meta model, the floor (:func:`floor`) and the graft.
 METHODS = ("load_file", "assign", "floor", "graft")
 
 
@@ -176,8 +174,8 @@ def floor(path: Path, model: Any) -> int:
         first, last = entry["data_offsets"]
         tensor = empty[entry["dtype"]].new().set_(
             storage[8 + size + first:8 + size + last], 0, entry["shape"], ())
-        path_, _, name = key.rpartition(".")
-        module = modules[path_]
+        owner, _, name = key.rpartition(".")
+        module = modules[owner]
         if name in module._parameters:
             module._parameters[name] = nn.Parameter(tensor, requires_grad=False)
         else:
@@ -189,9 +187,7 @@ def run(method: str, path: Path, layout: str) -> dict[str, Any]:
     if method in ("load_file", "assign"):
         from safetensors.torch import load_file
 
-        # load_file alone in a bare process, as the targets were set; with the model built
-        # first its own time grows by 14% (the collector walks the model's objects)
-        model = build(layout) if method == "assign" else None
+        model = build(layout) if method == "assign" else None  # load_file: a bare process
         start = time.perf_counter()
         tensors = load_file(path)
         if model is not None:  # the expert way into a meta model
